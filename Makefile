@@ -1,0 +1,50 @@
+# Chorus developer commands. `make run` and `make test` are all a newcomer needs.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# CPU build for machines without a GPU: a bare `torch` requirement pulls several GB of CUDA wheels.
+TORCH  ?= torch==2.13.0
+PROTO_FILES := $(wildcard protos/chorus/v1/*.proto)
+
+.PHONY: install run test lint protos protos-check ref-env clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+# The official reference implementations for parity tests, in their own environment.
+ref-env: .venv-ref/.installed
+
+.venv-ref/.installed: tests/reference/make_env.sh
+	bash tests/reference/make_env.sh .venv-ref
+	touch $@
+
+run: install
+	$(BIN)/chorus up
+
+test: install ref-env
+	$(BIN)/ruff check .
+	$(MAKE) --no-print-directory protos-check
+	$(BIN)/pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Generated stubs live in chorus/v1 and are committed; CI fails when they drift from protos/.
+protos: install
+	$(BIN)/python -m grpc_tools.protoc -I protos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO_FILES)
+
+protos-check: install
+	@tmp=$$(mktemp -d); \
+	$(BIN)/python -m grpc_tools.protoc -I protos --python_out=$$tmp --pyi_out=$$tmp --grpc_python_out=$$tmp $(PROTO_FILES); \
+	diff -r -x __init__.py -x __pycache__ $$tmp/chorus/v1 chorus/v1 && echo "protos: stubs up to date"; \
+	status=$$?; rm -rf $$tmp; exit $$status
+
+clean:
+	rm -rf $(VENV) .venv-ref .pytest_cache .ruff_cache
