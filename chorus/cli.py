@@ -1,0 +1,113 @@
+"""The `chorus` command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+from chorus.services import SERVICES
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from chorus.runtime.config import load_config
+    from chorus.runtime.host import run
+    from chorus.runtime.logs import configure_logging
+
+    entry = SERVICES[args.service]
+    if args.service == "gateway" and "REDIS_URL" in os.environ:
+        os.environ.setdefault("CHORUS_GATEWAY_REDIS_URL", os.environ["REDIS_URL"])
+    try:
+        config = load_config(entry.load_config_class(), args)
+    except ValueError as exc:
+        print(f"chorus serve {args.service}: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(args.service, config.log_level, config.log_format)
+    run(config, entry.load_service_class())
+    return 0
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from chorus.stack import LocalStack, StackPorts
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    stack = LocalStack(
+        StackPorts.choose(args.rest_port, args.grpc_port_base),
+        redis_url=os.environ.get("REDIS_URL"),
+        log_format=args.log_format,
+        grace_s=args.grace_s,
+    )
+    print("chorus up: starting redis, talker, vocoder, diffusion and gateway (tiny models by default)…", flush=True)
+    stack.start()
+    try:
+        stack.wait_ready(
+            args.timeout_s, on_ready=lambda name, s: print(f"  {name:<9} healthy after {s:.1f} s", flush=True)
+        )
+    except (TimeoutError, RuntimeError) as exc:
+        print(f"chorus up: {exc}; stopping", file=sys.stderr, flush=True)
+        stack.stop()
+        return 1
+    ports = stack.ports
+    redis_note = "embedded" if stack.redis else "from REDIS_URL"
+    print(
+        "\nChorus is up.\n"
+        f"  REST API   http://127.0.0.1:{ports.rest}   (GET /ready, /health, /docs)\n"
+        f"  gRPC API   127.0.0.1:{ports.grpc['gateway']}   (chorus.v1.Chorus; reflection on)\n"
+        f"  talker     127.0.0.1:{ports.grpc['talker']}\n"
+        f"  vocoder    127.0.0.1:{ports.grpc['vocoder']}\n"
+        f"  diffusion  127.0.0.1:{ports.grpc['diffusion']}\n"
+        f"  redis      {stack.redis_url}   ({redis_note})\n"
+        "Press Ctrl-C to stop.",
+        flush=True,
+    )
+    exited = None
+    while not stop.wait(0.5):
+        exited = stack.first_exited()
+        if exited:
+            print(f"chorus up: {exited[0]} exited with code {exited[1]}; stopping the stack", file=sys.stderr)
+            break
+    print("chorus up: stopping…", flush=True)
+    codes = stack.stop()
+    print("chorus up: stopped (" + ", ".join(f"{name} {code}" for name, code in codes.items()) + ")", flush=True)
+    return 1 if exited else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chorus", description="Serve text-to-speech and text-to-audio models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    up = commands.add_parser("up", help="Start the whole stack locally (Redis, services, gateway).")
+    up.add_argument("--rest-port", type=int, default=8000, help="REST API port (0 picks a free one).")
+    up.add_argument(
+        "--grpc-port-base",
+        type=int,
+        default=50050,
+        help="gateway gRPC port; talker, vocoder, diffusion take the next three (0: free ports).",
+    )
+    up.add_argument("--timeout-s", type=float, default=300.0, help="How long to wait for every service to be healthy.")
+    up.add_argument("--grace-s", type=float, default=10.0, help="Drain time for in-flight requests on stop.")
+    up.add_argument("--log-format", choices=("text", "json"), default="text")
+    up.set_defaults(handler=_cmd_up)
+
+    serve = commands.add_parser("serve", help="Run one service (what a container runs).")
+    services = serve.add_subparsers(dest="service", required=True)
+    from chorus.runtime.config import add_arguments
+
+    for name, entry in SERVICES.items():
+        service_parser = services.add_parser(name, help=f"Run the {name}.")
+        add_arguments(service_parser, entry.load_config_class())
+    serve.set_defaults(handler=_cmd_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Shared fixtures: a real local Redis, and the `gpu` marker's skip rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from chorus.runtime.redis_server import start_local_redis
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory) -> str:
+    """A real redis-server on a free loopback port for the whole test session."""
+    server = start_local_redis(tmp_path_factory.mktemp("redis"))
+    yield server.url
+    server.stop()

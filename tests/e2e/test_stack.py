@@ -1,0 +1,112 @@
+"""`chorus up` as a newcomer runs it: real Redis, four service processes, clean stop, no orphans."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from chorus.services import SERVICES
+
+STARTUP_TIMEOUT_S = 120
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, frontier = set(), [pid]
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            found.add(child)
+            frontier.append(child)
+    return found
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def start_stack() -> tuple[subprocess.Popen, dict[str, str]]:
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "chorus.cli", "up", "--rest-port", "0", "--grpc-port-base", "0", "--grace-s", "5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    lines, endpoints = [], {}
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while "Press Ctrl-C" not in "".join(lines):
+        line = process.stdout.readline()
+        assert line, f"chorus up exited early:\n{''.join(lines)}"
+        lines.append(line)
+        assert time.monotonic() < deadline, "".join(lines)
+    text = "".join(lines)
+    endpoints["rest"] = re.search(r"REST API\s+(http://\S+)", text).group(1)
+    for name in ("gateway", "talker", "vocoder", "diffusion"):
+        label = "gRPC API" if name == "gateway" else name
+        endpoints[name] = re.search(rf"{label}\s+(127\.0\.0\.1:\d+)", text).group(1)
+    endpoints["redis"] = re.search(r"redis\s+(redis://\S+)", text).group(1)
+    return process, endpoints
+
+
+@pytest.fixture
+def stack():
+    process, endpoints = start_stack()
+    yield process, endpoints
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def test_chorus_up_serves_everything_and_stops_cleanly(stack):
+    process, endpoints = stack
+    ready = httpx.get(endpoints["rest"] + "/ready", timeout=5)
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["ready"] is True and ready.json()["redis"] is True
+    assert httpx.get(endpoints["rest"] + "/health", timeout=5).json() == {"status": "ok"}
+    for name, entry in SERVICES.items():
+        with grpc.insecure_channel(endpoints[name]) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=entry.grpc_service), timeout=5
+            )
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING, name
+
+    children = descendants(process.pid)
+    assert len(children) >= 5  # redis-server + four services
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0
+    assert "stopped (talker 0, vocoder 0, diffusion 0, gateway 0)" in process.stdout.read()
+    time.sleep(0.2)
+    assert not [pid for pid in children if is_alive(pid)], "orphans left behind"
+
+
+def test_a_killed_chorus_up_leaves_no_orphans(stack):
+    process, _ = stack
+    children = descendants(process.pid)
+    process.kill()  # no chance to clean up: the kernel's parent-death signal must do it
+    process.wait()
+    deadline = time.monotonic() + 20
+    while [pid for pid in children if is_alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in children if is_alive(pid)], "orphans left behind"
