@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 PROTO_FILES := $(wildcard protos/chorus/v1/*.proto)
 
-.PHONY: install run test lint protos protos-check ref-env clean
+.PHONY: install run test lint protos protos-check docs ref-env clean
 
 install: $(VENV)/.installed
 
@@ -45,6 +45,13 @@ protos-check: install
 	$(BIN)/python -m grpc_tools.protoc -I protos --python_out=$$tmp --pyi_out=$$tmp --grpc_python_out=$$tmp $(PROTO_FILES); \
 	diff -r -x __init__.py -x __pycache__ $$tmp/chorus/v1 chorus/v1 && echo "protos: stubs up to date"; \
 	status=$$?; rm -rf $$tmp; exit $$status
+
+# The configuration reference is generated from the config dataclasses.
+docs: install
+	@{ echo "# Configuration reference"; echo; \
+	  echo "Generated from the config dataclasses by \`make docs\` (\`chorus config\`); CI fails when it is stale."; \
+	  echo "Every setting is a flag of \`chorus serve <service>\` and an environment variable; a flag wins over"; \
+	  echo "the variable, which wins over the default."; echo; $(BIN)/chorus config; } > docs/configuration.md
 
 clean:
 	rm -rf $(VENV) .venv-ref .pytest_cache .ruff_cache

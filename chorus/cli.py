@@ -76,6 +76,26 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return 1 if exited else 0
 
 
+def config_reference() -> str:
+    """Markdown tables of every setting of every process, generated from the config dataclasses."""
+    from chorus.runtime.config import describe
+
+    sections = []
+    for name, entry in SERVICES.items():
+        rows = ["| flag | env var | default | meaning |", "|---|---|---|---|"]
+        rows += [
+            f"| `{row['flag']}` | `{row['env']}` | `{row['default']}` | {row['help']} |"
+            for row in describe(entry.load_config_class())
+        ]
+        sections.append(f"#### `chorus serve {name}`\n\n" + "\n".join(rows))
+    return "\n\n".join(sections) + "\n"
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    print(config_reference(), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chorus", description="Serve text-to-speech and text-to-audio models.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -92,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--grace-s", type=float, default=10.0, help="Drain time for in-flight requests on stop.")
     up.add_argument("--log-format", choices=("text", "json"), default="text")
     up.set_defaults(handler=_cmd_up)
+
+    config = commands.add_parser("config", help="Print the configuration reference (every flag and env var).")
+    config.set_defaults(handler=_cmd_config)
 
     serve = commands.add_parser("serve", help="Run one service (what a container runs).")
     services = serve.add_subparsers(dest="service", required=True)
