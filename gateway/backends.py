@@ -1,7 +1,8 @@
-"""Backend replicas and their health, as the gateway sees them.
+"""Backend replicas, their health and load, as the gateway sees them.
 
-Each replica gets one long-lived channel and a task that checks its gRPC health every
-`interval_s`. A replica that fails the check stops counting as healthy until it passes again.
+Each replica gets one long-lived channel and a task that checks its gRPC health (and reads its
+`GetLoad` report) every `interval_s`. A replica that fails the check stops counting as healthy
+until it passes again. New work goes to the least-loaded healthy replica that is not draining.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from chorus.runtime.channels import open_channel
+from chorus.runtime.errors import Unavailable
 from chorus.services import SERVICES
+from chorus.v1 import common_pb2, diffusion_pb2_grpc, talker_pb2_grpc, vocoder_pb2_grpc
+
+_STUBS = {
+    "talker": talker_pb2_grpc.TalkerStub,
+    "vocoder": vocoder_pb2_grpc.VocoderStub,
+    "diffusion": diffusion_pb2_grpc.DiffusionStub,
+}
 
 log = logging.getLogger("chorus.gateway.backends")
 
@@ -25,7 +34,16 @@ class Replica:
         self.target = target
         self.channel = open_channel(target)
         self.is_healthy = False
+        self.num_active = 0  # streams this gateway has open to the replica
+        self.load: common_pb2.LoadReport | None = None  # the last report; None until one arrives
         self._health = health_pb2_grpc.HealthStub(self.channel)
+        self._service = _STUBS[kind](self.channel)
+
+    @property
+    def load_score(self) -> int:
+        """Streams running or queued on the replica (last report) plus those this gateway opened."""
+        reported = self.load.live_streams + self.load.queue_depth if self.load is not None else 0
+        return reported + self.num_active
 
     async def check(self, timeout_s: float) -> bool:
         try:
@@ -37,6 +55,11 @@ class Replica:
         if is_healthy != self.is_healthy:
             log.info("%s replica %s is now %s", self.kind, self.target, "healthy" if is_healthy else "unhealthy")
         self.is_healthy = is_healthy
+        if is_healthy:
+            try:
+                self.load = await self._service.GetLoad(common_pb2.GetLoadRequest(), timeout=timeout_s)
+            except grpc.aio.AioRpcError:
+                self.load = None
         return is_healthy
 
 
@@ -62,6 +85,17 @@ class BackendPool:
 
     def status(self) -> dict[str, dict[str, bool]]:
         return {kind: {r.target: r.is_healthy for r in replicas} for kind, replicas in self.replicas.items()}
+
+    def pick(self, kind: str) -> Replica:
+        """The least-loaded healthy replica of `kind` that is not draining."""
+        candidates = [
+            replica
+            for replica in self.replicas[kind]
+            if replica.is_healthy and not (replica.load is not None and replica.load.is_draining)
+        ]
+        if not candidates:
+            raise Unavailable(f"no healthy {kind} replica; retry later")
+        return min(candidates, key=lambda replica: replica.load_score)
 
     def is_ready(self) -> bool:
         """True when every backend kind has at least one healthy replica."""

@@ -7,11 +7,10 @@ import contextlib
 import logging
 
 import grpc
-import redis.asyncio as redis
 import uvicorn
 
-from chorus.gateway.backends import BackendPool
 from chorus.gateway.config import GatewayConfig
+from chorus.gateway.context import GatewayContext
 from chorus.gateway.public_api import ChorusServicer
 from chorus.gateway.rest import create_app
 from chorus.runtime.host import Service
@@ -34,25 +33,17 @@ class GatewayService(Service):
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self.backends = BackendPool(
-            {
-                "talker": config.talker_targets,
-                "vocoder": config.vocoder_targets,
-                "diffusion": config.diffusion_targets,
-            },
-            interval_s=config.health_interval_s,
-        )
-        self.redis = redis.from_url(config.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        self.context = GatewayContext.from_config(config)
         self.rest_port: int | None = None
         self._rest: _EmbeddedUvicorn | None = None
         self._rest_task: asyncio.Task | None = None
 
     def register(self, server: grpc.aio.Server) -> None:
-        gateway_pb2_grpc.add_ChorusServicer_to_server(ChorusServicer(), server)
+        gateway_pb2_grpc.add_ChorusServicer_to_server(ChorusServicer(self.context), server)
 
     async def start(self) -> None:
-        self.backends.start()
-        app = create_app(self.backends, self.redis)
+        self.context.backends.start()
+        app = create_app(self.context)
         rest_config = uvicorn.Config(
             app,
             host=self.config.rest_host,
@@ -74,5 +65,5 @@ class GatewayService(Service):
         if self._rest is not None:
             self._rest.should_exit = True
             await self._rest_task
-        await self.backends.close()
-        await self.redis.aclose()
+        await self.context.backends.close()
+        await self.context.redis.aclose()

@@ -1,0 +1,119 @@
+"""Admission control: per-backend in-flight limits with a bounded FIFO wait queue.
+
+A request takes a slot of each backend it needs for as long as it runs. When all slots are
+busy it waits in a queue of at most `max_queued` requests for at most `queue_timeout_s`;
+beyond either bound it is refused with `Overloaded` (→ 429 / RESOURCE_EXHAUSTED). Memory is
+bounded by `max_in_flight + max_queued` requests per backend.
+
+Slots are handed directly to the oldest waiter on release (FIFO, no barging). A waiter that is
+cancelled or times out leaves the queue; if a slot was handed to it in the same instant, it
+passes the slot on, so no slot ever leaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from chorus.gateway.metrics import IN_FLIGHT, QUEUE_DEPTH
+from chorus.runtime.errors import Overloaded
+
+_HOLD_SMOOTHING = 0.2  # weight of the newest slot hold time in the moving average
+
+
+class BackendAdmission:
+    def __init__(self, backend: str, max_in_flight: int, max_queued: int, queue_timeout_s: float) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight: must be at least 1, got {max_in_flight}")
+        if max_queued < 0:
+            raise ValueError(f"max_queued: must not be negative, got {max_queued}")
+        self.backend = backend
+        self.max_in_flight = max_in_flight
+        self.max_queued = max_queued
+        self.queue_timeout_s = queue_timeout_s
+        self._num_in_flight = 0
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._mean_hold_s = 1.0
+
+    @property
+    def num_in_flight(self) -> int:
+        return self._num_in_flight
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiters)
+
+    def retry_after_s(self) -> float:
+        """A guess at when a slot frees up: the queue ahead, drained at the observed hold time."""
+        return max(1.0, self._mean_hold_s * (self.queue_depth + 1) / self.max_in_flight)
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        await self.acquire()
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            held_s = time.monotonic() - started
+            self._mean_hold_s += _HOLD_SMOOTHING * (held_s - self._mean_hold_s)
+            self.release()
+
+    async def acquire(self) -> None:
+        if self._num_in_flight < self.max_in_flight and not self._waiters:
+            self._num_in_flight += 1
+            self._report()
+            return
+        if len(self._waiters) >= self.max_queued:
+            raise Overloaded(f"{self.backend} is at capacity; retry later", self.retry_after_s())
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._report()
+        try:
+            async with asyncio.timeout(self.queue_timeout_s):
+                await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # the slot arrived as we gave up: hand it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+                self._report()
+            if isinstance(exc, TimeoutError):
+                raise Overloaded(
+                    f"{self.backend}: no slot within the {self.queue_timeout_s:g} s queue timeout; retry later",
+                    self.retry_after_s(),
+                ) from None
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot moves to the waiter: in-flight count unchanged
+                self._report()
+                return
+        assert self._num_in_flight > 0, "release without acquire"
+        self._num_in_flight -= 1
+        self._report()
+
+    def _report(self) -> None:
+        IN_FLIGHT.labels(self.backend).set(self._num_in_flight)
+        QUEUE_DEPTH.labels(self.backend).set(len(self._waiters))
+
+
+class Admission:
+    """One `BackendAdmission` per backend kind; a request enters every backend it needs, in a fixed order."""
+
+    def __init__(self, backends: dict[str, BackendAdmission]) -> None:
+        self.backends = backends
+
+    @contextlib.asynccontextmanager
+    async def enter(self, *kinds: str) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            # A fixed order (sorted) keeps two requests that need the same backends from deadlocking.
+            for kind in sorted(kinds):
+                await stack.enter_async_context(self.backends[kind].slot())
+            yield

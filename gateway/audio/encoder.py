@@ -1,0 +1,156 @@
+"""Incremental encoding: PCM chunks in, encoded bytes out as soon as the codec yields them.
+
+The concatenation of every `encode` result and the final `flush` is one valid file. Containers
+are written to a non-seekable sink, so muxers that would go back to patch a header (mp3's Xing
+frame, FLAC's STREAMINFO totals) leave it as "unknown length", which every decoder accepts.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import av
+import numpy as np
+
+from chorus.gateway.audio.formats import FORMATS
+from chorus.gateway.audio.tempo import TempoFilter
+
+_LAYOUTS = {1: "mono", 2: "stereo"}
+# A streaming WAV header does not know the data length: RIFF and data sizes are 0xFFFFFFFF,
+# which decoders read as "until the end of the stream" (what OpenAI-compatible servers send).
+_UNKNOWN_SIZE = 0xFFFFFFFF
+
+
+def wav_header(sample_rate_hz: int, num_channels: int) -> bytes:
+    """A 44-byte PCM s16le WAV header for a stream of unknown length."""
+    bytes_per_frame = 2 * num_channels
+    byte_rate = sample_rate_hz * bytes_per_frame
+    return (
+        b"RIFF"
+        + struct.pack("<I", _UNKNOWN_SIZE)
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, num_channels, sample_rate_hz, byte_rate, bytes_per_frame, 16)
+        + b"data"
+        + struct.pack("<I", _UNKNOWN_SIZE)
+    )
+
+
+class _ByteSink:
+    """A write-only file for PyAV; no seek, so muxers stream instead of patching headers."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        data = b"".join(self._parts)
+        self._parts.clear()
+        return data
+
+
+class StreamingEncoder:
+    """Encodes one audio stream to `format_name` (mp3, opus, aac, flac, wav, pcm).
+
+    Input chunks are numpy arrays of shape (num_samples,) for mono or (num_samples, num_channels),
+    float (in [-1, 1]) or int16, at `sample_rate_hz`. `speed` (0.25–4.0) changes tempo, not pitch.
+    Opus runs at 48 kHz when the input rate is not one libopus accepts (e.g. 44.1 kHz).
+    """
+
+    def __init__(self, format_name: str, sample_rate_hz: int, num_channels: int = 1, speed: float = 1.0) -> None:
+        if format_name not in FORMATS:
+            raise ValueError(f"response_format: must be one of {', '.join(FORMATS)}, got {format_name!r}")
+        if num_channels not in _LAYOUTS:
+            raise ValueError(f"num_channels: must be 1 or 2, got {num_channels}")
+        if sample_rate_hz <= 0:
+            raise ValueError(f"sample_rate_hz: must be positive, got {sample_rate_hz}")
+        self.spec = FORMATS[format_name]
+        self.sample_rate_hz = sample_rate_hz
+        self.num_channels = num_channels
+        self._layout = _LAYOUTS[num_channels]
+        self._tempo = TempoFilter(speed, sample_rate_hz, self._layout) if speed != 1.0 else None
+        self._num_samples_in = 0
+        self._is_finished = False
+        self._has_sent_header = False
+        self._sink = _ByteSink()
+        self._container = None
+        self._stream = None
+        if self.spec.container is not None:
+            self._container = av.open(
+                self._sink,
+                "w",
+                format=self.spec.container,
+                container_options={"flush_packets": "1", **dict(self.spec.container_options)},
+            )
+            self._stream = self._container.add_stream(
+                self.spec.codec, rate=self.spec.codec_rate_hz(sample_rate_hz), layout=self._layout
+            )
+
+    @property
+    def content_type(self) -> str:
+        return self.spec.content_type
+
+    def encode(self, samples: np.ndarray) -> bytes:
+        """Feeds one chunk; returns whatever encoded bytes are ready (possibly none yet)."""
+        assert not self._is_finished, "encode after flush"
+        frame = self._to_frame(samples)
+        frames = self._tempo.process(frame) if self._tempo is not None else [frame]
+        return self._write(frames)
+
+    def flush(self) -> bytes:
+        """Ends the stream; returns the last bytes (codec tail, container trailer)."""
+        assert not self._is_finished, "flush twice"
+        frames = self._tempo.process(None) if self._tempo is not None else []
+        data = self._write(frames)
+        self._is_finished = True
+        if self._container is not None:
+            for packet in self._stream.encode(None):
+                self._container.mux(packet)
+            self._container.close()
+            data += self._sink.take()
+        return data
+
+    def close(self) -> None:
+        """Releases the codec without finishing the file (the request was cancelled)."""
+        self._is_finished = True
+        if self._container is not None:
+            self._container.close()
+
+    def _to_frame(self, samples: np.ndarray) -> av.AudioFrame:
+        samples = np.asarray(samples)
+        if samples.ndim == 1:
+            samples = samples[:, None]
+        if samples.ndim != 2 or samples.shape[1] != self.num_channels:
+            raise ValueError(f"samples: expected shape (num_samples, {self.num_channels}), got {samples.shape}")
+        if samples.dtype == np.int16:
+            samples = samples.astype(np.float32) / 32768.0
+        elif np.issubdtype(samples.dtype, np.floating):
+            samples = samples.astype(np.float32, copy=False)
+        else:
+            raise ValueError(f"samples: expected float or int16, got {samples.dtype}")
+        interleaved = np.ascontiguousarray(samples.reshape(1, -1))
+        frame = av.AudioFrame.from_ndarray(interleaved, format="flt", layout=self._layout)
+        frame.sample_rate = self.sample_rate_hz
+        frame.pts = self._num_samples_in
+        self._num_samples_in += samples.shape[0]
+        return frame
+
+    def _write(self, frames: list[av.AudioFrame]) -> bytes:
+        if self._container is None:
+            return self._write_raw(frames)
+        for frame in frames:
+            for packet in self._stream.encode(frame):
+                self._container.mux(packet)
+        return self._sink.take()
+
+    def _write_raw(self, frames: list[av.AudioFrame]) -> bytes:
+        parts = []
+        if self.spec.name == "wav" and not self._has_sent_header:
+            parts.append(wav_header(self.sample_rate_hz, self.num_channels))
+            self._has_sent_header = True
+        for frame in frames:
+            samples = frame.to_ndarray().reshape(-1)
+            parts.append((np.clip(samples, -1.0, 32767 / 32768) * 32768.0).astype("<i2").tobytes())
+        return b"".join(parts)

@@ -1,0 +1,42 @@
+"""The response formats of the OpenAI speech API and how each is produced."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AudioFormatSpec:
+    name: str
+    content_type: str
+    container: str | None  # PyAV muxer; None for the formats written by hand (pcm, wav)
+    codec: str | None
+    codec_rates_hz: tuple[int, ...] = ()  # rates the codec accepts; empty means any
+    container_options: tuple[tuple[str, str], ...] = ()
+
+    def codec_rate_hz(self, sample_rate_hz: int) -> int:
+        """The rate the codec runs at for input at `sample_rate_hz` (PyAV resamples on the way in)."""
+        if not self.codec_rates_hz or sample_rate_hz in self.codec_rates_hz:
+            return sample_rate_hz
+        return max(self.codec_rates_hz)
+
+
+FORMATS: dict[str, AudioFormatSpec] = {
+    spec.name: spec
+    for spec in (
+        AudioFormatSpec("mp3", "audio/mpeg", "mp3", "libmp3lame"),
+        # Ogg pages are flushed every 100 ms instead of every second, so the first audio leaves early.
+        AudioFormatSpec(
+            "opus",
+            "audio/ogg",
+            "ogg",
+            "libopus",
+            codec_rates_hz=(8000, 12000, 16000, 24000, 48000),
+            container_options=(("page_duration", "100000"),),
+        ),
+        AudioFormatSpec("aac", "audio/aac", "adts", "aac"),
+        AudioFormatSpec("flac", "audio/flac", "flac", "flac"),
+        AudioFormatSpec("wav", "audio/wav", None, None),
+        AudioFormatSpec("pcm", "audio/pcm", None, None),
+    )
+}

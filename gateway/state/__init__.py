@@ -1,0 +1,1 @@
+"""Request state in Redis, shared by every gateway replica."""

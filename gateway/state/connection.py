@@ -1,0 +1,38 @@
+"""The gateway's Redis client, and the rule that a Redis outage is `Unavailable` (503), fast.
+
+redis-py 8 retries a failed command 10 times with backoff by default; a gateway must instead
+answer 503 within about a second, so the client here does not retry and has short timeouts.
+Blocking reads (`XREAD BLOCK`) stay below `socket_timeout_s`, so a live stream never times out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from chorus.runtime.errors import Unavailable
+
+REDIS_ERRORS = (redis.RedisError, OSError, TimeoutError)
+
+
+def open_redis(url: str, socket_timeout_s: float = 2.0, connect_timeout_s: float = 0.5) -> redis.Redis:
+    return redis.from_url(
+        url,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=connect_timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=False,
+    )
+
+
+@contextlib.contextmanager
+def redis_guard(what: str) -> Iterator[None]:
+    """Turns any Redis failure inside the block into `Unavailable` naming what was being done."""
+    try:
+        yield
+    except REDIS_ERRORS as exc:
+        raise Unavailable(f"request state store (Redis) is unavailable while {what}") from exc

@@ -1,0 +1,99 @@
+"""The output journal: every chunk a request sends, kept in a capped Redis stream for resume.
+
+Chunk `sequence` n is stored under the stream id `0-(n+1)`, so "everything after sequence n"
+is a plain `XREAD` after id `0-(n+1)`. The last entry is the end marker with the final status.
+A reader replays what is journaled, then follows live entries (`XREAD BLOCK`) until the end
+marker, so a client that reconnects gets exactly the bytes it missed, in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+
+import redis.asyncio as redis
+
+from chorus.gateway.state import keys
+from chorus.gateway.state.connection import redis_guard
+from chorus.gateway.state.requests import TERMINAL, RequestStore
+from chorus.runtime.errors import NotFound
+
+_END_SEQUENCE = 2**63 - 2  # id of the end marker: after every chunk
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JournalEntry:
+    sequence: int
+    data: bytes
+    final: dict | None = None  # set on the end marker: {"status": ..., "error": ..., "usage": ...}
+
+
+class JournalTrimmed(NotFound):
+    """The chunks a client asked for were trimmed from the capped journal; it cannot resume."""
+
+
+def _stream_id(sequence: int) -> str:
+    return f"0-{sequence + 1}"
+
+
+def _entry(stream_id: bytes, fields: dict[bytes, bytes]) -> JournalEntry:
+    sequence = int(stream_id.split(b"-")[1]) - 1
+    if b"final" in fields:
+        return JournalEntry(sequence, b"", final=json.loads(fields[b"final"]))
+    return JournalEntry(sequence, fields[b"data"])
+
+
+class OutputJournal:
+    def __init__(
+        self, client: redis.Redis, requests: RequestStore, max_entries: int = 10_000, block_ms: int = 1000
+    ) -> None:
+        self.client = client
+        self.requests = requests
+        self.max_entries = max_entries
+        self.block_ms = block_ms
+
+    async def append(self, request_id: str, sequence: int, data: bytes) -> None:
+        key = keys.journal(request_id)
+        with redis_guard("journaling output"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.xadd(key, {"data": data}, id=_stream_id(sequence), maxlen=self.max_entries, approximate=False)
+                pipe.expire(key, self.requests.ttl_s)
+                await pipe.execute()
+
+    async def finish(self, request_id: str, status: str, error: dict | None = None, usage: dict | None = None) -> None:
+        """Writes the end marker, after which readers stop."""
+        final = json.dumps({"status": status, "error": error, "usage": usage})
+        with redis_guard("journaling output"):
+            await self.client.xadd(keys.journal(request_id), {"final": final}, id=_stream_id(_END_SEQUENCE))
+
+    async def read(self, request_id: str, after_sequence: int | None = None) -> AsyncIterator[JournalEntry]:
+        """Journaled chunks after `after_sequence` (None: from the start), then live ones, then the end marker."""
+        key = keys.journal(request_id)
+        last_id = _stream_id(after_sequence) if after_sequence is not None else "0-0"
+        expected_sequence = 0 if after_sequence is None else after_sequence + 1
+        while True:
+            with redis_guard("reading the output journal"):
+                reply = await self.client.xread({key: last_id}, count=64, block=self.block_ms)
+            if not reply:
+                # Nothing new within block_ms: stop if the request ended without an end marker
+                # (its gateway replica died) — raises NotFound if the record itself expired.
+                record = await self.requests.get(request_id)
+                if record.status in TERMINAL and not await self._has_entries_after(key, last_id):
+                    return
+                continue
+            for stream_id, fields in reply[0][1]:
+                entry = _entry(stream_id, fields)
+                if entry.final is None and entry.sequence != expected_sequence:
+                    raise JournalTrimmed(
+                        f"request {request_id!r}: sequence {expected_sequence} is no longer journaled; cannot resume"
+                    )
+                yield entry
+                if entry.final is not None:
+                    return
+                expected_sequence += 1
+                last_id = stream_id
+
+    async def _has_entries_after(self, key: str, last_id: str) -> bool:
+        with redis_guard("reading the output journal"):
+            return bool(await self.client.xread({key: last_id}, count=1))

@@ -1,0 +1,25 @@
+"""Redis key names. Keys of one request share a hash tag so a Redis Cluster keeps them in one slot."""
+
+from __future__ import annotations
+
+PREFIX = "chorus"
+
+
+def record(request_id: str) -> str:
+    return f"{PREFIX}:{{req:{request_id}}}:record"
+
+
+def journal(request_id: str) -> str:
+    return f"{PREFIX}:{{req:{request_id}}}:journal"
+
+
+def cancel_channel(request_id: str) -> str:
+    return f"{PREFIX}:{{req:{request_id}}}:cancel"
+
+
+def idempotency(owner: str, key: str) -> str:
+    return f"{PREFIX}:idem:{owner}:{key}"
+
+
+def rate_bucket(key_id: str) -> str:
+    return f"{PREFIX}:rate:{key_id}"

@@ -1,0 +1,189 @@
+"""Request records: one Redis hash per request, with a TTL and atomic status transitions.
+
+Status moves queued → running → done | failed | cancelled (queued may also go straight to
+cancelled or failed). Each move is one Lua script that checks the current status, so of two
+gateway replicas racing to move a request only one wins; the other sees `False`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+
+import redis.asyncio as redis
+
+from chorus.gateway.state import keys
+from chorus.gateway.state.connection import redis_guard
+from chorus.runtime.errors import NotFound
+
+QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
+TERMINAL = (DONE, FAILED, CANCELLED)
+_NEXT = {QUEUED: (RUNNING, FAILED, CANCELLED), RUNNING: (DONE, FAILED, CANCELLED)}
+
+# KEYS[1] record. ARGV: new status, ttl_s, timestamp field (or ""), now_s, n allowed current statuses,
+# those n statuses, then field/value pairs written with the move. Returns {moved 0/1, status before}.
+_TRANSITION = """
+local current = redis.call('HGET', KEYS[1], 'status')
+if not current then return {-1, ''} end
+local num_from = tonumber(ARGV[5])
+for i = 6, 5 + num_from do
+  if current == ARGV[i] then
+    redis.call('HSET', KEYS[1], 'status', ARGV[1])
+    if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], ARGV[3], ARGV[4]) end
+    for j = 6 + num_from, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[j], ARGV[j + 1]) end
+    redis.call('EXPIRE', KEYS[1], ARGV[2])
+    return {1, current}
+  end
+end
+return {0, current}
+"""
+
+# KEYS[1] record. Marks the cancel flag; a queued request is cancelled on the spot (nobody runs it
+# yet), a running one is left to the replica running it. Returns the status after the call.
+_CANCEL = """
+local current = redis.call('HGET', KEYS[1], 'status')
+if not current then return false end
+if current == 'queued' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at_s', ARGV[1], 'is_cancel_requested', '1')
+  return 'cancelled'
+end
+if current == 'running' then redis.call('HSET', KEYS[1], 'is_cancel_requested', '1') end
+return current
+"""
+
+# KEYS[1] idempotency key. Claims it for ARGV[1] (a request id) or returns the request that has it.
+_CLAIM = """
+local existing = redis.call('GET', KEYS[1])
+if existing then return existing end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return false
+"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestRecord:
+    request_id: str
+    kind: str  # "speech" or "audio"
+    status: str
+    model: str
+    voice: str
+    owner: str
+    created_at_s: float
+    started_at_s: float | None = None
+    finished_at_s: float | None = None
+    usage: dict | None = None
+    error: dict | None = None
+    last_sequence: int | None = None
+    is_cancel_requested: bool = False
+    response_format: str = ""
+
+    @classmethod
+    def from_hash(cls, fields: dict[bytes, bytes]) -> RequestRecord:
+        text = {k.decode(): v.decode() for k, v in fields.items()}
+
+        def number(name: str) -> float | None:
+            return float(text[name]) if name in text else None
+
+        return cls(
+            request_id=text["request_id"],
+            kind=text["kind"],
+            status=text["status"],
+            model=text["model"],
+            voice=text["voice"],
+            owner=text["owner"],
+            created_at_s=float(text["created_at_s"]),
+            started_at_s=number("started_at_s"),
+            finished_at_s=number("finished_at_s"),
+            usage=json.loads(text["usage"]) if "usage" in text else None,
+            error=json.loads(text["error"]) if "error" in text else None,
+            last_sequence=int(text["last_sequence"]) if "last_sequence" in text else None,
+            is_cancel_requested=text.get("is_cancel_requested") == "1",
+            response_format=text.get("response_format", ""),
+        )
+
+
+class RequestStore:
+    def __init__(self, client: redis.Redis, ttl_s: int = 3600) -> None:
+        self.client = client
+        self.ttl_s = ttl_s
+        self._transition = client.register_script(_TRANSITION)
+        self._cancel = client.register_script(_CANCEL)
+        self._claim = client.register_script(_CLAIM)
+
+    @staticmethod
+    def new_id() -> str:
+        return uuid.uuid4().hex
+
+    async def create(
+        self,
+        kind: str,
+        model: str,
+        voice: str = "",
+        owner: str = "",
+        response_format: str = "",
+        request_id: str | None = None,
+    ) -> RequestRecord:
+        record = RequestRecord(
+            request_id=request_id or self.new_id(),
+            kind=kind,
+            status=QUEUED,
+            model=model,
+            voice=voice,
+            owner=owner,
+            created_at_s=time.time(),
+            response_format=response_format,
+        )
+        names = ("request_id", "kind", "status", "model", "voice", "owner", "response_format")
+        fields = {name: getattr(record, name) for name in names} | {"created_at_s": repr(record.created_at_s)}
+        key = keys.record(record.request_id)
+        with redis_guard("creating a request"):
+            async with self.client.pipeline(transaction=True) as pipe:
+                await pipe.hset(key, mapping=fields).expire(key, self.ttl_s).execute()
+        return record
+
+    async def get(self, request_id: str) -> RequestRecord:
+        with redis_guard("reading a request"):
+            fields = await self.client.hgetall(keys.record(request_id))
+        if not fields:
+            raise NotFound(f"request {request_id!r} not found (unknown or expired)")
+        return RequestRecord.from_hash(fields)
+
+    async def transition(self, request_id: str, status: str, **fields: object) -> bool:
+        """Moves the request to `status` if its current status allows it; False if another move won.
+
+        `fields` (usage, error: dicts; last_sequence: int) are written in the same atomic step.
+        """
+        allowed_from = [before for before, after in _NEXT.items() if status in after]
+        assert allowed_from, f"no transition leads to {status!r}"
+        timestamp_field = "started_at_s" if status == RUNNING else "finished_at_s"
+        pairs = []
+        for name, value in fields.items():
+            pairs += [name, json.dumps(value) if isinstance(value, dict) else str(value)]
+        args = [status, self.ttl_s, timestamp_field, repr(time.time()), len(allowed_from), *allowed_from, *pairs]
+        with redis_guard("updating a request"):
+            moved, _ = await self._transition(keys=[keys.record(request_id)], args=args)
+        if moved == -1:
+            raise NotFound(f"request {request_id!r} not found (unknown or expired)")
+        return moved == 1
+
+    async def request_cancel(self, request_id: str) -> str:
+        """Asks for the request to stop, wherever it runs; returns its status after the call."""
+        with redis_guard("cancelling a request"):
+            status = await self._cancel(keys=[keys.record(request_id)], args=[repr(time.time())])
+            if status is None:
+                raise NotFound(f"request {request_id!r} not found (unknown or expired)")
+            # Pub/sub is only a hint (lost if nobody listens); the flag in the record is authoritative.
+            await self.client.publish(keys.cancel_channel(request_id), b"cancel")
+        return status.decode()
+
+    async def is_cancel_requested(self, request_id: str) -> bool:
+        with redis_guard("reading a cancel flag"):
+            return await self.client.hget(keys.record(request_id), "is_cancel_requested") == b"1"
+
+    async def claim_idempotency_key(self, owner: str, key: str, request_id: str, ttl_s: int = 86_400) -> str | None:
+        """Ties `key` to `request_id`; if the key was already used, returns that earlier request's id."""
+        with redis_guard("checking an idempotency key"):
+            existing = await self._claim(keys=[keys.idempotency(owner, key)], args=[request_id, ttl_s])
+        return existing.decode() if existing is not None else None

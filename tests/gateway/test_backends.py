@@ -1,0 +1,71 @@
+"""Replica choice: the least-loaded healthy replica that is not draining, from real health and load RPCs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from chorus.gateway.backends import BackendPool
+from chorus.runtime.errors import Unavailable
+from chorus.v1 import common_pb2, talker_pb2_grpc
+
+
+class ReportingTalker(talker_pb2_grpc.TalkerServicer):
+    """Only the load report of the contract: what a talker replica says about its load."""
+
+    def __init__(self) -> None:
+        self.report = common_pb2.LoadReport()
+
+    async def GetLoad(self, request, context):
+        return self.report
+
+
+async def start_replica():
+    talker, health_servicer = ReportingTalker(), health.aio.HealthServicer()
+    server = grpc.aio.server()
+    talker_pb2_grpc.add_TalkerServicer_to_server(talker, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    await health_servicer.set("chorus.v1.Talker", health_pb2.HealthCheckResponse.SERVING)
+    return server, talker, health_servicer, f"127.0.0.1:{port}"
+
+
+async def settle(pool: BackendPool, predicate) -> None:
+    for _ in range(100):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the pool did not catch up")
+
+
+async def test_least_loaded_healthy_replica_gets_the_work():
+    replicas = [await start_replica() for _ in range(3)]
+    pool = BackendPool({"talker": tuple(r[3] for r in replicas)}, interval_s=0.05)
+    by_target = {replica.target: replica for replica in pool.replicas["talker"]}
+    pool.start()
+    try:
+        replicas[0][1].report = common_pb2.LoadReport(live_streams=5, queue_depth=2)
+        replicas[1][1].report = common_pb2.LoadReport(live_streams=1)
+        replicas[2][1].report = common_pb2.LoadReport(live_streams=0, is_draining=True)
+        await settle(pool, lambda: by_target[replicas[0][3]].load_score == 7)
+        assert pool.pick("talker").target == replicas[1][3]  # replica 2 is idle but draining
+
+        by_target[replicas[1][3]].num_active = 10  # streams this gateway just opened there
+        assert pool.pick("talker").target == replicas[0][3]
+
+        await replicas[0][2].set("chorus.v1.Talker", health_pb2.HealthCheckResponse.NOT_SERVING)
+        await settle(pool, lambda: not by_target[replicas[0][3]].is_healthy)
+        assert pool.pick("talker").target == replicas[1][3]
+
+        await replicas[1][0].stop(None)
+        await settle(pool, lambda: not by_target[replicas[1][3]].is_healthy)
+        with pytest.raises(Unavailable, match="talker"):
+            pool.pick("talker")
+    finally:
+        await pool.close()
+        for server, *_ in replicas:
+            await server.stop(None)
