@@ -51,7 +51,8 @@ class DiffusionServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
-        """Server stream: Progress events, one Audio per generated sample, then exactly one Final.
+        """Server stream: Progress events, the Audio of every generated sample, then exactly one Final.
+        A sample's audio may span several Audio messages (same index, consecutive pcm.sequence).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

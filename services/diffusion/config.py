@@ -12,11 +12,18 @@ from chorus.runtime.config import ServiceConfig, option
 class DiffusionConfig(ServiceConfig):
     env_prefix: ClassVar[str] = "CHORUS_DIFFUSION_"
 
-    model: str = option("tiny", "stable-audio-open-1.0 directory, or a preset: tiny (random, CPU-sized).")
+    model: str = option("tiny", "stable-audio-open-1.0 directory or HF id in the local cache, or a preset: tiny.")
     load_format: str = option(
         "auto", "auto: read weights from `model`; dummy: released shapes, random weights.", choices=("auto", "dummy")
     )
     device: str = option("auto", "cuda, cpu, or auto (cuda when available).")
-    dtype: str = option("auto", "float16, bfloat16, float32, or auto (float16 on cuda, float32 on cpu).")
-    batch_window_ms: float = option(20.0, "How long the first request of a batch waits for others to join.")
-    max_batch_size: int = option(8, "Most requests run in one batch.")
+    dtype: str = option("auto", "DiT dtype: float16, bfloat16, float32, or auto (float16 on cuda, float32 on cpu).")
+    batch_window_ms: float = option(20.0, "How long the first request of an idle engine waits for others to join.")
+    max_batch_size: int = option(8, "Most samples stepped together (each runs CFG in the same forward).")
+    max_queue_size: int = option(
+        64, "Requests waiting beyond the running batch; more are refused (RESOURCE_EXHAUSTED)."
+    )
+    default_num_steps: int = option(100, "Steps when a request names none.")
+    default_guidance_scale: float = option(7.0, "Classifier-free guidance when a request names none.")
+    use_cuda_graphs: bool = option(True, "Capture the DiT as CUDA graphs per batch size on CUDA.")
+    compile_dit: bool = option(False, "torch.compile the DiT blocks on CUDA (slower start, faster steps).")

@@ -2,21 +2,47 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import grpc
 
+from chorus.diffusion import metrics
 from chorus.diffusion.config import DiffusionConfig
-from chorus.runtime.errors import NotImplementedYet
+from chorus.diffusion.engine.engine import DiffusionEngine, StepStats
+from chorus.diffusion.loader import load_models
+from chorus.diffusion.wire import generation_request, output_messages
+from chorus.runtime.errors import Unavailable
 from chorus.runtime.host import Service
+from chorus.runtime.logs import request_id_var
 from chorus.v1 import common_pb2, diffusion_pb2_grpc
 
 
+def _record_step(stats: StepStats) -> None:
+    metrics.STEP_SECONDS.observe(stats.step_time_s)
+    metrics.BATCH_SIZE.observe(stats.num_samples)
+
+
 class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
+    def __init__(self, service: DiffusionService) -> None:
+        self.service = service
+
     async def Generate(self, request, context):
-        raise NotImplementedYet("text-to-audio is not available: the diffusion engine is not built yet")
-        yield  # pragma: no cover - makes this an async generator, as the contract streams
+        engine = self.service.require_engine()
+        request.request_id = request.request_id or request_id_var.get()
+        request_id_var.set(request.request_id)
+        remaining_s = context.time_remaining()
+        deadline_s = time.monotonic() + remaining_s if remaining_s is not None else None
+        generation = generation_request(engine.limits, request, deadline_s)
+        async for event in engine.generate(generation):
+            for message in output_messages(event):
+                yield message
 
     async def GetLoad(self, request, context):
-        return common_pb2.LoadReport()
+        load = self.service.require_engine().load()
+        return common_pb2.LoadReport(
+            live_streams=load.num_live_requests, free_slots=load.num_free_slots, queue_depth=load.queue_depth
+        )
 
 
 class DiffusionService(Service):
@@ -25,6 +51,38 @@ class DiffusionService(Service):
 
     def __init__(self, config: DiffusionConfig) -> None:
         self.config = config
+        self.engine: DiffusionEngine | None = None
+
+    def require_engine(self) -> DiffusionEngine:
+        if self.engine is None:
+            raise Unavailable("diffusion is warming up")
+        return self.engine
 
     def register(self, server: grpc.aio.Server) -> None:
-        diffusion_pb2_grpc.add_DiffusionServicer_to_server(DiffusionServicer(), server)
+        diffusion_pb2_grpc.add_DiffusionServicer_to_server(DiffusionServicer(self), server)
+
+    async def start(self) -> None:
+        # Loading and CUDA-graph capture block: run them off the loop so health answers NOT_SERVING meanwhile.
+        self.engine = await asyncio.to_thread(self._build_engine)
+        self.engine.start()
+        metrics.QUEUE_DEPTH.set_function(lambda: self.engine.load().queue_depth)
+        metrics.LIVE_REQUESTS.set_function(lambda: self.engine.load().num_live_requests)
+
+    def _build_engine(self) -> DiffusionEngine:
+        config = self.config
+        models = load_models(config.model, config.load_format, config.device, config.dtype)
+        return DiffusionEngine(
+            models,
+            max_batch_size=config.max_batch_size,
+            batch_window_ms=config.batch_window_ms,
+            max_queue_size=config.max_queue_size,
+            default_num_steps=config.default_num_steps,
+            default_guidance_scale=config.default_guidance_scale,
+            use_cuda_graphs=config.use_cuda_graphs,
+            compile_dit=config.compile_dit,
+            on_step=_record_step,
+        )
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.stop)

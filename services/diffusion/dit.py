@@ -1,0 +1,84 @@
+"""The one place the Stable Audio DiT runs: a forward over diffusers' `StableAudioDiTModel` submodules.
+
+It follows `StableAudioDiTModel.forward` with serving changes: the Fourier time embedding is computed
+in fp32 from fp32 timesteps and frequencies (the stock forward rounds t = atan(σ)·2/π to the model dtype
+first, which merges neighbouring steps in fp16/bf16); timesteps are per sample, so a batch may mix steps;
+the rotary tables are built once per length on the device instead of being copied from the host in
+every attention call; self-attention uses RotarySelfAttnProcessor; blocks may be compiled. Parallel
+variants (CFG-parallel, tensor-parallel) replace this class.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from diffusers import StableAudioDiTModel
+from diffusers.models.embeddings import get_1d_rotary_pos_embed
+
+from chorus.diffusion.attention import install_self_attention
+
+
+class StableAudioDenoiser:
+    """Velocity prediction of the Stable Audio DiT.
+
+    Args:
+        transformer: the DiT, in its run dtype (fp16/bf16/fp32). Its self-attention processors are
+            replaced by RotarySelfAttnProcessor (same results, less memory traffic).
+        time_frequencies: (time_proj_dim // 2,) fp32 copy of `transformer.time_proj.weight`.
+        compile_blocks: run each transformer block through torch.compile (static shapes).
+    """
+
+    def __init__(
+        self, transformer: StableAudioDiTModel, time_frequencies: torch.Tensor, compile_blocks: bool = False
+    ) -> None:
+        install_self_attention(transformer)
+        self.transformer = transformer
+        self.time_frequencies = time_frequencies
+        self._rotary_by_length: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Regional compilation: the 24 blocks share one compiled graph per input shape, and the CUDA-graph
+        # buckets keep the shapes to a handful. Wrappers, so the transformer itself stays uncompiled.
+        self._blocks = [
+            torch.compile(block, dynamic=False, fullgraph=True) if compile_blocks else block
+            for block in transformer.transformer_blocks
+        ]
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        latents: torch.Tensor,
+        timesteps: torch.Tensor,
+        cross_context: torch.Tensor,
+        global_context: torch.Tensor,
+    ) -> torch.Tensor:
+        """latents: (B, C, L) already scaled by c_in, any float dtype; timesteps: (B,) fp32;
+        cross_context: (B, T, cross_attention_input_dim) text + seconds tokens;
+        global_context: (B, 1, global_states_input_dim) seconds embedding.
+        Returns the velocity, (B, C, L), in the model dtype."""
+        model = self.transformer
+        dtype = model.dtype
+        cross_states = model.cross_attention_proj(cross_context.to(dtype))
+        global_states = model.global_proj(global_context.to(dtype))
+        global_states = global_states + model.timestep_proj(self._time_features(timesteps).to(dtype)).unsqueeze(1)
+
+        hidden = latents.to(dtype)
+        hidden = model.preprocess_conv(hidden) + hidden
+        hidden = model.proj_in(hidden.transpose(1, 2))
+        hidden = torch.cat([global_states, hidden], dim=-2)
+        rotary = self._rotary(hidden.shape[1], hidden.device)
+        for block in self._blocks:
+            hidden = block(hidden_states=hidden, encoder_hidden_states=cross_states, rotary_embedding=rotary)
+        hidden = model.proj_out(hidden).transpose(1, 2)[:, :, 1:]
+        return model.postprocess_conv(hidden) + hidden
+
+    def _time_features(self, timesteps: torch.Tensor) -> torch.Tensor:
+        """(B, time_proj_dim) fp32 [cos, sin] Fourier features, as the model's flip_sin_to_cos projection."""
+        angles = 2 * math.pi * timesteps.to(torch.float32)[:, None] * self.time_frequencies[None, :]
+        return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+    def _rotary(self, num_tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if num_tokens not in self._rotary_by_length:
+            rotary_dim = self.transformer.config.attention_head_dim // 2
+            cos, sin = get_1d_rotary_pos_embed(rotary_dim, num_tokens, use_real=True, repeat_interleave_real=False)
+            self._rotary_by_length[num_tokens] = (cos.to(device), sin.to(device))
+        return self._rotary_by_length[num_tokens]
