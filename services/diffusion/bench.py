@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import copy
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -171,7 +172,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     started_s = time.perf_counter()
     results = _measure(args)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout
+    # The GPU machine gets a copy of the tree without history: the caller passes the commit there.
+    commit = os.environ.get("CHORUS_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout
     report = {
         "benchmark": "diffusion",
         "commit": commit.strip(),
