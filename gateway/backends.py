@@ -37,7 +37,7 @@ class Replica:
         self.num_active = 0  # streams this gateway has open to the replica
         self.load: common_pb2.LoadReport | None = None  # the last report; None until one arrives
         self._health = health_pb2_grpc.HealthStub(self.channel)
-        self._service = _STUBS[kind](self.channel)
+        self.stub = _STUBS[kind](self.channel)
 
     @property
     def load_score(self) -> int:
@@ -57,7 +57,7 @@ class Replica:
         self.is_healthy = is_healthy
         if is_healthy:
             try:
-                self.load = await self._service.GetLoad(common_pb2.GetLoadRequest(), timeout=timeout_s)
+                self.load = await self.stub.GetLoad(common_pb2.GetLoadRequest(), timeout=timeout_s)
             except grpc.aio.AioRpcError:
                 self.load = None
         return is_healthy

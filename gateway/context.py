@@ -8,11 +8,15 @@ import redis.asyncio as redis
 
 from chorus.gateway.admission import Admission, BackendAdmission
 from chorus.gateway.backends import BackendPool
+from chorus.gateway.batch_window import BatchWindow
+from chorus.gateway.catalog import TalkerCatalog
 from chorus.gateway.config import GatewayConfig
+from chorus.gateway.runner import RunRegistry
 from chorus.gateway.state.auth import ApiKeys, RateLimiter
 from chorus.gateway.state.connection import open_redis
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import RequestRecord, RequestStore
+from chorus.gateway.voice_clone import ReferenceCodes
 from chorus.runtime.errors import NotFound, Unavailable
 
 
@@ -26,6 +30,10 @@ class GatewayContext:
     api_keys: ApiKeys
     rate_limiter: RateLimiter
     admission: Admission
+    runs: RunRegistry
+    diffusion_window: BatchWindow
+    catalog: TalkerCatalog
+    reference_codes: ReferenceCodes
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> GatewayContext:
@@ -59,6 +67,10 @@ class GatewayContext:
             api_keys=ApiKeys(config.api_keys),
             rate_limiter=RateLimiter(client, config.rate_limit_per_s, config.rate_limit_burst),
             admission=admission,
+            runs=RunRegistry(),
+            diffusion_window=BatchWindow(config.diffusion_batch_window_ms / 1000, config.diffusion_max_batch_size),
+            catalog=TalkerCatalog(backends),
+            reference_codes=ReferenceCodes(backends),
         )
 
     def require_backends(self, *kinds: str) -> None:

@@ -61,6 +61,33 @@ class UnsupportedMediaType(InvalidRequest):
     pass
 
 
+class RequestCancelled(ChorusError):
+    """The request was cancelled (by a cancel call, on any replica) before it finished."""
+
+    code = grpc.StatusCode.CANCELLED
+
+
+class UpstreamFailed(ChorusError):
+    """A backend failed the request after it started; the message says how (shown to the client)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+_ERRORS_BY_CODE = {
+    "INVALID_ARGUMENT": InvalidRequest,
+    "NOT_FOUND": NotFound,
+    "CANCELLED": RequestCancelled,
+    "UNAVAILABLE": Unavailable,
+}
+
+
+def error_for_outcome(status: str, error: dict | None) -> ChorusError:
+    """The typed error for a request that ended `failed` or `cancelled` (its record's `error`)."""
+    error = error or {}
+    code = error.get("code") or ("CANCELLED" if status == "cancelled" else "INTERNAL")
+    return _ERRORS_BY_CODE.get(code, UpstreamFailed)(error.get("message") or f"request {status}")
+
+
 def envelope(message: str, error_type: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
@@ -95,6 +122,10 @@ def response_for(exc: ChorusError) -> JSONResponse:
         return error_response(429, message, "rate_limit_error", code="rate_limit_exceeded", headers=headers)
     if isinstance(exc, Unavailable):
         return error_response(503, message, "server_error", code="unavailable", headers={"Retry-After": "1"})
+    if isinstance(exc, RequestCancelled):
+        return error_response(409, message, "invalid_request_error", code="cancelled")
+    if isinstance(exc, UpstreamFailed):
+        return error_response(502, message, "server_error", code="upstream_failed")
     if isinstance(exc, NotImplementedYet):
         return error_response(501, message, "server_error", code="not_implemented")
     return _internal_error()

@@ -43,6 +43,11 @@ _SAMPLING_FIELDS = (
 )
 
 
+def task_type_name(task_type: int) -> str:
+    """A talker TaskType as the REST API names it (custom_voice, voice_design, voice_clone)."""
+    return _TASK_TYPES.get(task_type) or "unspecified"
+
+
 def _validated(schema: type[pydantic.BaseModel], fields: dict) -> pydantic.BaseModel:
     try:
         return schema.model_validate(fields)
@@ -111,6 +116,8 @@ def request_status(record: RequestRecord) -> gateway_pb2.RequestStatus:
     if record.usage:
         usage = {k: v for k, v in record.usage.items() if k in ("input_tokens", "num_frames", "audio_s", "num_steps")}
         status.usage.CopyFrom(common_pb2.Usage(**usage))
+    if record.progress:
+        status.progress.CopyFrom(common_pb2.Progress(**record.progress))
     if record.error:
         error = common_pb2.Error(code=record.error.get("code", ""), message=record.error.get("message", ""))
         status.error.CopyFrom(error)

@@ -1,24 +1,39 @@
 """The public gRPC API (`chorus.v1.Chorus`): same auth, validation and status codes as REST.
 
 Auth travels as `authorization: Bearer <key>` metadata. Request status, cancel and resume work
-from Redis state on any gateway replica. Speak, SpeakStream, Generate and ListVoices validate
-their input (INVALID_ARGUMENT naming the field), need healthy backends (UNAVAILABLE), and then
-answer UNIMPLEMENTED until the orchestration is wired to the engines.
+from Redis state on any gateway replica. Speak and SpeakStream run on the talker and vocoder
+(SpeakStream forwards text deltas to the talker's stream as they arrive), Generate on the
+diffusion service; invalid input is INVALID_ARGUMENT naming the field, missing backends UNAVAILABLE.
 """
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
 
 import grpc
 
 from chorus.gateway import proto_convert
 from chorus.gateway.context import GatewayContext
 from chorus.gateway.errors import InvalidParam
+from chorus.gateway.jobs import follow_record, start_generation, start_speech
 from chorus.gateway.ref_audio import check_is_audio
-from chorus.gateway.streaming import as_speak_outputs
-from chorus.runtime.errors import NotImplementedYet
-from chorus.v1 import gateway_pb2, gateway_pb2_grpc
+from chorus.gateway.schemas import SpeechRequest
+from chorus.gateway.streaming import as_speak_outputs, final_message
+from chorus.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, talker_pb2
 
-_NOT_YET = "not available yet: the gateway's orchestration is not wired to the engines"
+
+async def _text_deltas(messages: AsyncIterator, num_chars: int, max_chars: int) -> AsyncIterator[str]:
+    """The text deltas after the SpeakRequest, until `end_of_input` (or the client half-closes)."""
+    async for message in messages:
+        kind = message.WhichOneof("input")
+        if kind == "end_of_input":
+            return
+        if kind != "text_delta":
+            raise InvalidParam("input", f"only text_delta and end_of_input may follow the request, got {kind}")
+        num_chars += len(message.text_delta)
+        if num_chars > max_chars:
+            raise InvalidParam("input", f"the streamed text passed the {max_chars} character limit")
+        yield message.text_delta
 
 
 class ChorusServicer(gateway_pb2_grpc.ChorusServicer):
@@ -29,7 +44,7 @@ class ChorusServicer(gateway_pb2_grpc.ChorusServicer):
         metadata = dict(context.invocation_metadata() or ())
         return await self.ctx.authorize(metadata.get("authorization"))
 
-    async def _check_speak_request(self, request: gateway_pb2.SpeakRequest, is_text_streamed: bool) -> None:
+    async def _check_speak_request(self, request: gateway_pb2.SpeakRequest, is_text_streamed: bool) -> SpeechRequest:
         speech = proto_convert.speech_request(request)
         if is_text_streamed:
             # Text arrives later as deltas; only the length limit applies to what is here already.
@@ -42,36 +57,60 @@ class ChorusServicer(gateway_pb2_grpc.ChorusServicer):
                 raise InvalidParam("ref_audio", f"is larger than {self.ctx.config.max_ref_audio_bytes} bytes")
             check_is_audio(request.ref_audio)
         self.ctx.require_backends("talker", "vocoder")
+        return speech
 
     async def Speak(self, request, context):
-        await self._authorize(context)
-        await self._check_speak_request(request, is_text_streamed=False)
-        raise NotImplementedYet(f"Speak is {_NOT_YET}")
-        yield  # pragma: no cover - makes this an async generator, as the contract streams
+        owner = await self._authorize(context)
+        speech = await self._check_speak_request(request, is_text_streamed=False)
+        ref_audio = request.ref_audio or None
+        record = await start_speech(self.ctx, speech, owner, request.idempotency_key or None, ref_audio)
+        with self.ctx.runs.reading(record.request_id):
+            entries = self.ctx.journal.read(record.request_id)
+            async for output in as_speak_outputs(record.request_id, record.kind, entries):
+                yield output
 
     async def SpeakStream(self, request_iterator, context):
-        await self._authorize(context)
-        first = await anext(aiter(request_iterator), None)
+        owner = await self._authorize(context)
+        messages = aiter(request_iterator)
+        first = await anext(messages, None)
         if first is None or first.WhichOneof("input") != "request":
             raise InvalidParam("request", "the first SpeakInput must carry a SpeakRequest")
-        await self._check_speak_request(first.request, is_text_streamed=True)
-        raise NotImplementedYet(f"SpeakStream is {_NOT_YET}")
-        yield  # pragma: no cover
+        speech = await self._check_speak_request(first.request, is_text_streamed=True)
+        deltas = _text_deltas(messages, len(speech.input), self.ctx.config.max_input_chars)
+        ref_audio = first.request.ref_audio or None
+        record = await start_speech(self.ctx, speech, owner, first.request.idempotency_key or None, ref_audio, deltas)
+        with self.ctx.runs.reading(record.request_id):
+            entries = self.ctx.journal.read(record.request_id)
+            async for output in as_speak_outputs(record.request_id, record.kind, entries):
+                yield output
 
     async def Resume(self, request, context):
         owner = await self._authorize(context)
         record = await self.ctx.owned_record(request.request_id, owner)
         after_sequence = request.after_sequence if request.HasField("after_sequence") else None
-        entries = self.ctx.journal.read(record.request_id, after_sequence)
-        async for output in as_speak_outputs(record.request_id, record.kind, entries):
-            yield output
+        with self.ctx.runs.reading(record.request_id):
+            entries = self.ctx.journal.read(record.request_id, after_sequence)
+            async for output in as_speak_outputs(record.request_id, record.kind, entries):
+                yield output
 
     async def Generate(self, request, context):
-        await self._authorize(context)
-        proto_convert.generation_request(request).check_limits(self.ctx.config.max_input_chars)
-        self.ctx.require_backends("diffusion")
-        raise NotImplementedYet(f"Generate is {_NOT_YET}")
-        yield  # pragma: no cover
+        owner = await self._authorize(context)
+        body = proto_convert.generation_request(request)
+        body.check_limits(self.ctx.config.max_input_chars)
+        record = await start_generation(self.ctx, body, owner, request.idempotency_key or None, is_detachable=True)
+        with self.ctx.runs.reading(record.request_id):
+            yield gateway_pb2.TextToAudioOutput(request_id=record.request_id)
+            last_progress = None
+            async for snapshot in follow_record(self.ctx, record.request_id):
+                if snapshot.progress is not None and snapshot.progress != last_progress:
+                    last_progress = snapshot.progress
+                    yield gateway_pb2.TextToAudioOutput(progress=common_pb2.Progress(**snapshot.progress))
+            async for entry in self.ctx.journal.read(record.request_id):
+                if entry.final is None:
+                    audio = gateway_pb2.AudioData(data=entry.data, sequence=entry.sequence)
+                    yield gateway_pb2.TextToAudioOutput(audio=audio)
+                else:
+                    yield gateway_pb2.TextToAudioOutput(final=final_message(entry.final, "audio"))
 
     async def GetRequest(self, request, context):
         owner = await self._authorize(context)
@@ -86,4 +125,9 @@ class ChorusServicer(gateway_pb2_grpc.ChorusServicer):
     async def ListVoices(self, request, context):
         await self._authorize(context)
         self.ctx.require_backends("talker")
-        raise NotImplementedYet(f"ListVoices is {_NOT_YET}")
+        voices = await self.ctx.catalog.voices()
+        named = [
+            gateway_pb2.Voice(name=speaker, model=voices.model, task_type=talker_pb2.TASK_TYPE_CUSTOM_VOICE)
+            for speaker in voices.speakers
+        ]
+        return gateway_pb2.VoiceList(voices=named, languages=voices.languages)

@@ -1,8 +1,7 @@
 """The REST API (FastAPI). Handlers stay thin: auth, validation, then the gateway's orchestration.
 
-Every error answers with the OpenAI envelope (`chorus.gateway.errors`). Endpoints that need
-the speech or text-to-audio engines answer 503 while a backend has no healthy replica and 501
-until the orchestration is wired to the engines.
+Every error answers with the OpenAI envelope (`chorus.gateway.errors`). Endpoints that need a
+backend answer 503 while it has no healthy replica.
 """
 
 from __future__ import annotations
@@ -15,18 +14,19 @@ from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from chorus.gateway import proto_convert
 from chorus.gateway.audio import FORMATS
 from chorus.gateway.body_limit import BodyLimit
 from chorus.gateway.context import GatewayContext
-from chorus.gateway.errors import UnsupportedMediaType, envelope, install_error_handlers
+from chorus.gateway.errors import UnsupportedMediaType, envelope, error_for_outcome, install_error_handlers
+from chorus.gateway.jobs import DIFFUSION_MODEL, follow_record, start_generation, start_speech
 from chorus.gateway.metrics import CountOutcomes
 from chorus.gateway.ref_audio import resolve_ref_audio
 from chorus.gateway.schemas import GenerationRequest, RequestView, SpeechRequest
 from chorus.gateway.state.connection import REDIS_ERRORS
 from chorus.gateway.state.journal import JournalEntry
-from chorus.gateway.state.requests import RequestRecord
-from chorus.gateway.streaming import as_bytes, as_sse, skip_bytes
-from chorus.runtime.errors import NotImplementedYet
+from chorus.gateway.state.requests import DONE, TERMINAL, RequestRecord
+from chorus.gateway.streaming import as_bytes, as_sse, skip_bytes, sse_event
 
 _ERROR_RESPONSES = {
     status: {"description": description, "content": {"application/json": {"example": envelope("…", kind)}}}
@@ -42,6 +42,9 @@ _ERROR_RESPONSES = {
 }
 
 
+_DISCONNECT_POLL_S = 0.25  # how often a waiting synchronous request checks that its client is still there
+
+
 def _view(record: RequestRecord) -> RequestView:
     return RequestView(
         id=record.request_id,
@@ -55,6 +58,7 @@ def _view(record: RequestRecord) -> RequestView:
         usage=record.usage,
         error=record.error,
         last_sequence=record.last_sequence,
+        progress=record.progress,
     )
 
 
@@ -117,13 +121,37 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         dependencies=[Depends(require_json)],
         response_class=Response,
     )
-    async def create_speech(body: SpeechRequest, owner: str = Depends(authorize)) -> Response:
-        """Text → speech, OpenAI-compatible (streamed audio bytes or SSE events)."""
+    async def create_speech(
+        body: SpeechRequest,
+        owner: str = Depends(authorize),
+        idempotency_key: str | None = Header(None, max_length=256, description="Same key → same request."),
+    ) -> StreamingResponse:
+        """Text → speech, OpenAI-compatible: audio bytes as they are made (`stream_format: audio`) or
+        `speech.audio.delta` / `speech.audio.done` events (`sse`). Resume with `/v1/requests/{id}/audio`."""
         body.check_limits(config.max_input_chars)
+        ref_audio = None
         if body.ref_audio is not None:
-            await resolve_ref_audio(body.ref_audio, config.ref_audio_allowed_hosts, config.max_ref_audio_bytes)
-        ctx.require_backends("talker", "vocoder")
-        raise NotImplementedYet("speech synthesis is not available yet: the talker/vocoder pipeline is not wired")
+            ref_audio = await resolve_ref_audio(
+                body.ref_audio, config.ref_audio_allowed_hosts, config.max_ref_audio_bytes
+            )
+        record = await start_speech(ctx, body, owner, idempotency_key, ref_audio)
+        headers = {"X-Request-Id": record.request_id}
+        chunks = _reading(record.request_id, ctx.journal.read(record.request_id))
+        first = await anext(chunks, None)
+        if first is not None and first.final is not None and first.final["status"] != DONE:
+            await chunks.aclose()  # failed before any audio: a proper error status, not a cut stream
+            raise error_for_outcome(first.final["status"], first.final.get("error"))
+        chunks = _chain(first, chunks)
+        if body.stream_format == "sse":
+            return StreamingResponse(as_sse(chunks), media_type="text/event-stream", headers=headers)
+        media_type = FORMATS[record.response_format].content_type
+        return StreamingResponse(as_bytes(chunks), media_type=media_type, headers=headers)
+
+    async def _reading(request_id: str, entries: AsyncIterator[JournalEntry]) -> AsyncIterator[JournalEntry]:
+        """`entries`, keeping the run alive on this replica while the client reads them."""
+        with ctx.runs.reading(request_id):
+            async for entry in entries:
+                yield entry
 
     @app.post(
         "/v1/audio/generations",
@@ -132,28 +160,93 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         dependencies=[Depends(require_json)],
         response_class=Response,
     )
-    async def create_generation(body: GenerationRequest, owner: str = Depends(authorize)) -> Response:
-        """Prompt → audio (Stable Audio Open), synchronously or as a job (202 + request id)."""
+    async def create_generation(
+        body: GenerationRequest,
+        request: Request,
+        owner: str = Depends(authorize),
+        idempotency_key: str | None = Header(None, max_length=256, description="Same key → same request."),
+    ) -> Response:
+        """Prompt → audio (Stable Audio Open), synchronously (the audio file) or as a job (`mode: async`:
+        202 with the request; follow `/v1/requests/{id}`, `/events`, `/audio`)."""
         body.check_limits(config.max_input_chars)
-        ctx.require_backends("diffusion")
-        raise NotImplementedYet("text-to-audio is not available yet: the diffusion pipeline is not wired")
+        is_async = body.mode == "async"
+        record = await start_generation(ctx, body, owner, idempotency_key, is_detachable=not is_async)
+        if is_async:
+            location = {"Location": f"/v1/requests/{record.request_id}"}
+            return JSONResponse(_view(record).model_dump(), status_code=202, headers=location)
+        entries = await _output_unless_disconnected(request, record.request_id)
+        if entries is None:
+            return Response(status_code=499)  # nobody is listening; the run was detached and cancelled
+        final = entries[-1].final
+        if final["status"] != DONE:
+            raise error_for_outcome(final["status"], final.get("error"))
+        audio = b"".join(entry.data for entry in entries[:-1])
+        media_type = FORMATS[record.response_format].content_type
+        return Response(audio, media_type=media_type, headers={"X-Request-Id": record.request_id})
+
+    async def _output_unless_disconnected(request: Request, request_id: str) -> list[JournalEntry] | None:
+        """The request's whole journal (end marker last), or None once the client has gone away."""
+
+        async def collect() -> list[JournalEntry]:
+            return [entry async for entry in ctx.journal.read(request_id)]
+
+        collecting = asyncio.create_task(collect())
+        try:
+            with ctx.runs.reading(request_id):
+                while True:
+                    done, _ = await asyncio.wait({collecting}, timeout=_DISCONNECT_POLL_S)
+                    if done:
+                        return collecting.result()
+                    if await request.is_disconnected():
+                        return None
+        finally:
+            collecting.cancel()
 
     @app.get("/v1/models", tags=["catalog"], responses=_ERROR_RESPONSES)
-    async def list_models(owner: str = Depends(authorize)) -> Response:
-        """The loaded models (from the talker and diffusion services), OpenAI list format."""
-        ctx.require_backends("talker", "diffusion")
-        raise NotImplementedYet("the model list is not available yet: the services' catalogs are not wired")
+    async def list_models(owner: str = Depends(authorize)) -> JSONResponse:
+        """The models served (talker checkpoint, Stable Audio Open), OpenAI list format."""
+        ctx.require_backends("talker")
+        voices = await ctx.catalog.voices()
+        models = [{"id": voices.model, "object": "model", "owned_by": "chorus", "task": "text-to-speech"}]
+        if any(replica.is_healthy for replica in ctx.backends.replicas["diffusion"]):
+            models.append({"id": DIFFUSION_MODEL, "object": "model", "owned_by": "chorus", "task": "text-to-audio"})
+        return JSONResponse({"object": "list", "data": models})
 
     @app.get("/v1/audio/voices", tags=["catalog"], responses=_ERROR_RESPONSES)
-    async def list_voices(owner: str = Depends(authorize)) -> Response:
+    async def list_voices(owner: str = Depends(authorize)) -> JSONResponse:
         """Speakers, task types and languages of the loaded talker checkpoint."""
         ctx.require_backends("talker")
-        raise NotImplementedYet("the voice list is not available yet: the talker's ListVoices is not wired")
+        voices = await ctx.catalog.voices()
+        return JSONResponse(
+            {
+                "model": voices.model,
+                "voices": list(voices.speakers),
+                "task_types": [proto_convert.task_type_name(task_type) for task_type in voices.task_types],
+                "languages": list(voices.languages),
+            }
+        )
 
     @app.get("/v1/requests/{request_id}", tags=["requests"], responses=_ERROR_RESPONSES)
     async def get_request(request_id: str, owner: str = Depends(authorize)) -> RequestView:
         """Status, timings and usage of a request (any gateway replica can answer)."""
         return _view(await ctx.owned_record(request_id, owner))
+
+    @app.get("/v1/requests/{request_id}/events", tags=["requests"], responses=_ERROR_RESPONSES)
+    async def request_events(request_id: str, owner: str = Depends(authorize)) -> StreamingResponse:
+        """Server-sent events: `progress` ({step, num_steps}) as the run advances, then one event named
+        after the final status (`done`, `failed`, `cancelled`) carrying the request view."""
+        record = await ctx.owned_record(request_id, owner)
+
+        async def events() -> AsyncIterator[bytes]:
+            async for snapshot in follow_record(ctx, record.request_id):
+                if snapshot.status in TERMINAL:
+                    yield sse_event(_view(snapshot).model_dump(), event=snapshot.status)
+                elif snapshot.progress is not None:
+                    yield sse_event(
+                        {"type": "progress", "status": snapshot.status, **snapshot.progress}, event="progress"
+                    )
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     @app.post("/v1/requests/{request_id}/cancel", tags=["requests"], responses=_ERROR_RESPONSES)
     async def cancel_request(request_id: str, owner: str = Depends(authorize)) -> RequestView:
@@ -175,7 +268,8 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         first, then live): the same bytes an uninterrupted stream would have carried from there on."""
         record = await ctx.owned_record(request_id, owner)
         after = after_sequence if after_sequence is not None else last_event_id
-        entries = await _started(skip_bytes(ctx.journal.read(record.request_id, after), offset_bytes))
+        journal = _reading(record.request_id, ctx.journal.read(record.request_id, after))
+        entries = await _started(skip_bytes(journal, offset_bytes))
         if stream_format == "sse":
             return StreamingResponse(as_sse(entries), media_type="text/event-stream")
         spec = FORMATS.get(record.response_format)

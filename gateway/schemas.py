@@ -106,3 +106,4 @@ class RequestView(BaseModel):
     usage: dict | None
     error: dict | None
     last_sequence: int | None
+    progress: dict | None = Field(None, description="Text-to-audio: {step, num_steps} of the diffusion run.")

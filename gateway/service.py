@@ -65,5 +65,6 @@ class GatewayService(Service):
         if self._rest is not None:
             self._rest.should_exit = True
             await self._rest_task
+        await self.context.runs.close()
         await self.context.backends.close()
         await self.context.redis.aclose()

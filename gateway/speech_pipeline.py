@@ -31,7 +31,7 @@ def pcm_samples(chunk: common_pb2.PcmChunk) -> np.ndarray:
     return np.frombuffer(chunk.data, dtype=dtype).reshape(-1, max(1, chunk.num_channels))
 
 
-def _check_final(final: common_pb2.Final, backend: str) -> None:
+def check_final(final: common_pb2.Final, backend: str) -> None:
     if final.reason != common_pb2.FINISH_REASON_ERROR:
         return
     if final.error.code == grpc.StatusCode.INVALID_ARGUMENT.name:
@@ -39,7 +39,7 @@ def _check_final(final: common_pb2.Final, backend: str) -> None:
     raise Unavailable(f"{backend} failed: {final.error.message or final.error.code}")
 
 
-def _upstream_error(exc: grpc.aio.AioRpcError, backend: str) -> ChorusError:
+def upstream_error(exc: grpc.aio.AioRpcError, backend: str) -> ChorusError:
     if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequest(f"{backend}: {exc.details()}")
     return Unavailable(f"{backend} failed: {exc.code().name}: {exc.details()}")
@@ -58,8 +58,13 @@ async def synthesize_segment(
     request: talker_pb2.SynthesisRequest,
     result: SegmentResult | None = None,
     timeout_s: float | None = None,
+    text_deltas: AsyncIterator[str] | None = None,
 ) -> AsyncIterator[common_pb2.PcmChunk]:
-    """PCM chunks for `request.text`, as soon as the vocoder makes them."""
+    """PCM chunks for `request.text`, as soon as the vocoder makes them.
+
+    With `text_deltas` (and `request.streaming_text`), more text follows the request while audio
+    already streams back: each delta goes to the talker as it arrives, then `end_of_input`.
+    """
     metadata = ((REQUEST_ID_HEADER, request.request_id),)
     talker_call = talker.Synthesize(timeout=timeout_s, metadata=metadata)
     vocoder_call = vocoder.Decode(timeout=timeout_s, metadata=metadata)
@@ -67,19 +72,33 @@ async def synthesize_segment(
 
     async def forward_codes() -> None:
         """Talker → vocoder; runs beside the PCM reader so decoding overlaps generation."""
+        writer = asyncio.create_task(write_text(), name=f"text-{request.request_id}")
         try:
-            await talker_call.write(talker_pb2.SynthesizeInput(request=request))
-            await talker_call.done_writing()
             async for output in talker_call:
                 if output.WhichOneof("output") == "chunk":
                     await vocoder_call.write(vocoder_pb2.DecodeInput(chunk=output.chunk))
                 else:
-                    _check_final(output.final, "talker")
+                    check_final(output.final, "talker")
                     result.talker_final = output.final
+            await writer  # surfaces a bad delta stream (the talker ended on our half-close)
             await vocoder_call.write(vocoder_pb2.DecodeInput(end_of_input=True))
             await vocoder_call.done_writing()
         except grpc.aio.AioRpcError as exc:
-            raise _upstream_error(exc, "talker") from None
+            raise upstream_error(exc, "talker") from None
+        finally:
+            writer.cancel()
+
+    async def write_text() -> None:
+        await talker_call.write(talker_pb2.SynthesizeInput(request=request))
+        if text_deltas is not None:
+            try:
+                async for delta in text_deltas:
+                    await talker_call.write(talker_pb2.SynthesizeInput(text_delta=delta))
+            except ChorusError:
+                await talker_call.done_writing()  # the talker ends with the text it has; `await writer` re-raises
+                raise
+            await talker_call.write(talker_pb2.SynthesizeInput(end_of_input=True))
+        await talker_call.done_writing()
 
     forwarder: asyncio.Task | None = None
     try:
@@ -97,13 +116,13 @@ async def synthesize_segment(
             try:
                 output = await next_output
             except grpc.aio.AioRpcError as exc:
-                raise _upstream_error(exc, "vocoder") from None
+                raise upstream_error(exc, "vocoder") from None
             if output is None:
                 raise Unavailable("vocoder ended the stream without a Final")
             if output.WhichOneof("output") == "pcm":
                 yield output.pcm
                 continue
-            _check_final(output.final, "vocoder")
+            check_final(output.final, "vocoder")
             await forwarder  # the talker's Final was read before the vocoder could finish
             return
     finally:

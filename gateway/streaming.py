@@ -65,12 +65,24 @@ async def as_sse(entries: AsyncIterator[JournalEntry]) -> AsyncIterator[bytes]:
             yield sse_event({"type": "error", "error": envelope}, event="error")
 
 
-def _finish_reason(final: dict, kind: str) -> int:
+def finish_reason(final: dict, kind: str) -> int:
     if final["status"] == DONE:
         return common_pb2.FINISH_REASON_EOS if kind == "speech" else common_pb2.FINISH_REASON_COMPLETE
     if final["status"] == CANCELLED:
         return common_pb2.FINISH_REASON_CANCELLED
     return common_pb2.FINISH_REASON_ERROR
+
+
+def final_message(final: dict, kind: str) -> common_pb2.Final:
+    """A journal end marker as the public API's Final (reason, usage, error)."""
+    message = common_pb2.Final(reason=finish_reason(final, kind))
+    usage = final.get("usage") or {}
+    message.usage.audio_s = usage.get("audio_s", 0.0)
+    message.usage.num_steps = usage.get("num_steps", 0)
+    if final.get("error"):
+        message.error.code = final["error"].get("code", "")
+        message.error.message = final["error"].get("message", "")
+    return message
 
 
 async def as_speak_outputs(
@@ -82,11 +94,7 @@ async def as_speak_outputs(
         if entry.final is None:
             yield gateway_pb2.SpeakOutput(audio=gateway_pb2.AudioData(data=entry.data, sequence=entry.sequence))
             continue
-        final = common_pb2.Final(reason=_finish_reason(entry.final, kind))
-        if entry.final.get("error"):
-            final.error.code = entry.final["error"].get("code", "")
-            final.error.message = entry.final["error"].get("message", "")
-        yield gateway_pb2.SpeakOutput(final=final)
+        yield gateway_pb2.SpeakOutput(final=final_message(entry.final, kind))
 
 
 async def skip_bytes(entries: AsyncIterator[JournalEntry], num_bytes: int) -> AsyncIterator[JournalEntry]:

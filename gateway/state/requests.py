@@ -78,6 +78,7 @@ class RequestRecord:
     last_sequence: int | None = None
     is_cancel_requested: bool = False
     response_format: str = ""
+    progress: dict | None = None  # {"step", "num_steps"} of a text-to-audio run
 
     @classmethod
     def from_hash(cls, fields: dict[bytes, bytes]) -> RequestRecord:
@@ -101,6 +102,7 @@ class RequestRecord:
             last_sequence=int(text["last_sequence"]) if "last_sequence" in text else None,
             is_cancel_requested=text.get("is_cancel_requested") == "1",
             response_format=text.get("response_format", ""),
+            progress=json.loads(text["progress"]) if "progress" in text else None,
         )
 
 
@@ -168,6 +170,13 @@ class RequestStore:
             raise NotFound(f"request {request_id!r} not found (unknown or expired)")
         return moved == 1
 
+    async def set_progress(self, request_id: str, step: int, num_steps: int) -> None:
+        """Records how far a multi-step run is (read by status and progress-event readers)."""
+        with redis_guard("recording progress"):
+            await self.client.hset(
+                keys.record(request_id), "progress", json.dumps({"step": step, "num_steps": num_steps})
+            )
+
     async def request_cancel(self, request_id: str) -> str:
         """Asks for the request to stop, wherever it runs; returns its status after the call."""
         with redis_guard("cancelling a request"):
@@ -181,6 +190,12 @@ class RequestStore:
     async def is_cancel_requested(self, request_id: str) -> bool:
         with redis_guard("reading a cancel flag"):
             return await self.client.hget(keys.record(request_id), "is_cancel_requested") == b"1"
+
+    async def idempotent_request(self, owner: str, key: str) -> str | None:
+        """The id of the request `key` was used for, if any (a cheap look before admission)."""
+        with redis_guard("checking an idempotency key"):
+            existing = await self.client.get(keys.idempotency(owner, key))
+        return existing.decode() if existing is not None else None
 
     async def claim_idempotency_key(self, owner: str, key: str, request_id: str, ttl_s: int = 86_400) -> str | None:
         """Ties `key` to `request_id`; if the key was already used, returns that earlier request's id."""

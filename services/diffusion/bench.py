@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from chorus.diffusion.bench_plot import write_bar_chart
+from chorus.diffusion.dit import ATTENTION_BACKENDS, COMPILE_MODES
 from chorus.diffusion.engine.engine import DiffusionEngine, StepStats
 from chorus.diffusion.engine.request import Finished, FinishReason, validate_request
 from chorus.diffusion.loader import StableAudioModels, load_models
@@ -112,6 +113,7 @@ def _measure(args: argparse.Namespace) -> dict:
     async def ours() -> None:
         engine = DiffusionEngine(models, max_batch_size=num_concurrent, batch_window_ms=args.batch_window_ms,
                                  use_cuda_graphs=not args.no_cuda_graphs, compile_dit=args.compile,
+                                 compile_mode=args.compile_mode, attention_backend=args.attention_backend,
                                  on_step=record_step)
         engine.start()
         try:
@@ -166,6 +168,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=2, help="runs of each of our measurements (median)")
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--compile", action="store_true", help="torch.compile the DiT forward (CUDA graphs on)")
+    parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES, help="with --compile")
+    parser.add_argument("--attention-backend", default="auto", choices=sorted(ATTENTION_BACKENDS),
+                        help="SDPA kernel order of the DiT (auto: PyTorch's choice)")
     parser.add_argument("--skip-pipeline", action="store_true", help="leave out StableAudioPipeline")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)

@@ -12,12 +12,17 @@ from chorus.runtime.config import ServiceConfig, option
 class TalkerConfig(ServiceConfig):
     env_prefix: ClassVar[str] = "CHORUS_TALKER_"
 
-    model: str = option("tiny", "Checkpoint directory, or a preset: tiny (random, CPU-sized).")
+    model: str = option("tiny", "Checkpoint directory, a released size with --load-format dummy (0.6b, 1.7b), or tiny.")
     load_format: str = option(
         "auto", "auto: read weights from `model`; dummy: released shapes, random weights.", choices=("auto", "dummy")
     )
     device: str = option("auto", "cuda, cpu, or auto (cuda when available).")
     dtype: str = option("auto", "bfloat16, float16, float32, or auto (bfloat16 on cuda, float32 on cpu).")
-    max_streams: int = option(64, "Concurrent synthesis streams (KV-cache slots).")
-    chunk_frames: int = option(25, "Codec frames per chunk after the first (one frame = 80 ms).")
+    max_streams: int = option(64, "Concurrent synthesis streams (KV-cache slots); 0 sizes them from free GPU memory.")
+    max_queue: int = option(256, "Requests waiting for a slot (or for text); more get RESOURCE_EXHAUSTED.")
+    chunk_frames: int = option(25, "Default codec frames per chunk after the first (one frame = 80 ms).")
     max_frames: int = option(4096, "Default and upper limit of frames per request.")
+    max_positions: int = option(4608, "KV-cache positions per stream (prompt + frames); sets cache memory per slot.")
+    max_buffered_frames: int = option(50, "Frames a stream may hold unread before its request pauses.")
+    use_cuda_graphs: bool = option(True, "Capture the decode step as CUDA graphs per batch bucket on CUDA.")
+    cache_dir: str = option("~/.cache/chorus", "Where generated files (the tiny checkpoint, tokenizers) are kept.")

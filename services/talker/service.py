@@ -2,24 +2,183 @@
 
 from __future__ import annotations
 
-import grpc
+import asyncio
+import contextlib
+from pathlib import Path
 
-from chorus.runtime.errors import NotImplementedYet
+import grpc
+import torch
+
+from chorus.runtime.errors import InvalidRequest, Overloaded, Unavailable
 from chorus.runtime.host import Service
+from chorus.runtime.logs import request_id_var
+from chorus.talker import metrics
 from chorus.talker.config import TalkerConfig
-from chorus.v1 import common_pb2, talker_pb2_grpc
+from chorus.talker.engine.engine import EngineConfig, EngineFullError, TalkerEngine
+from chorus.talker.engine.request import FinishReason
+from chorus.talker.engine.stream import FrameStream
+from chorus.talker.loader import build_talker, resolve_device_dtype
+from chorus.talker.sampling import SamplingParams
+from chorus.v1 import common_pb2, talker_pb2, talker_pb2_grpc
+from chorus.wire import chunk_to_codes, codes_to_chunk
+
+SPEAKER_SAMPLE_RATE_HZ = 24_000
+MAX_REFERENCE_AUDIO_S = 60.0
+_MODES = {
+    talker_pb2.TASK_TYPE_CUSTOM_VOICE: "custom_voice",
+    talker_pb2.TASK_TYPE_VOICE_DESIGN: "voice_design",
+    talker_pb2.TASK_TYPE_VOICE_CLONE: "voice_clone",
+}
+_TASK_TYPES = {mode: task_type for task_type, mode in _MODES.items()}
+_FINISH_REASONS = {
+    FinishReason.EOS: common_pb2.FINISH_REASON_EOS,
+    FinishReason.MAX_LENGTH: common_pb2.FINISH_REASON_MAX_LENGTH,
+    FinishReason.CANCELLED: common_pb2.FINISH_REASON_CANCELLED,
+    FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
+}
+
+
+def _sampling(defaults: SamplingParams, message: talker_pb2.SamplingParams, seed: int | None) -> SamplingParams:
+    """The request's sampling: the checkpoint's defaults, overridden by every field the request sets."""
+    overrides = {"seed": seed, "do_sample": not message.greedy}
+    for field in ("temperature", "top_k", "top_p", "repetition_penalty", "subtalker_temperature",
+                  "subtalker_top_k", "subtalker_top_p"):  # fmt: skip
+        if message.HasField(field):
+            overrides[field] = getattr(message, field)
+    if message.HasField("subtalker_greedy"):
+        overrides["subtalker_do_sample"] = not message.subtalker_greedy
+    elif message.greedy:
+        overrides["subtalker_do_sample"] = False
+    fields = {name: getattr(defaults, name) for name in defaults.__dataclass_fields__}
+    return SamplingParams(**{**fields, **overrides})
+
+
+def _reference_audio(data: bytes) -> torch.Tensor:
+    from chorus.vocoder.audio_io import decode_audio
+
+    waveform = decode_audio(
+        data, sample_rate_hz=SPEAKER_SAMPLE_RATE_HZ, max_duration_s=MAX_REFERENCE_AUDIO_S, field="reference_audio"
+    )
+    return torch.from_numpy(waveform)
 
 
 class TalkerServicer(talker_pb2_grpc.TalkerServicer):
+    def __init__(self, service: TalkerService) -> None:
+        self.service = service
+
+    def _submit(self, engine: TalkerEngine, request: talker_pb2.SynthesisRequest) -> FrameStream:
+        modes, _, _ = engine.voices()
+        mode = _MODES.get(request.task_type, modes[0])
+        if mode not in modes:
+            raise InvalidRequest(f"task_type: this checkpoint serves {', '.join(modes)}, not {mode}")
+        clone = request.voice_clone
+        speaker_vector = torch.tensor(clone.speaker_embedding) if clone.speaker_embedding else None
+        ref_audio = (
+            _reference_audio(clone.reference_audio) if clone.reference_audio and speaker_vector is None else None
+        )
+        ref_codes = None
+        if clone.reference_codes.num_frames and not clone.x_vector_only:
+            ref_codes = torch.from_numpy(chunk_to_codes(clone.reference_codes, "voice_clone.reference_codes"))
+        voice = engine.voice_request(
+            mode,
+            request.text,
+            text_complete=not request.streaming_text,
+            language=request.language or "auto",
+            speaker=request.speaker or None,
+            instructions=request.instructions,
+            ref_text=clone.reference_text,
+            ref_codes=ref_codes,
+            speaker_vector=speaker_vector,
+            ref_audio=ref_audio,
+        )
+        seed = request.seed if request.HasField("seed") else None
+        sampling = _sampling(engine.loaded.sampling_defaults, request.sampling, seed)
+        try:
+            return engine.submit(
+                request.request_id, voice, sampling, request.max_frames or None, ignore_eos=request.ignore_eos
+            )
+        except EngineFullError as exc:
+            raise Overloaded(str(exc), retry_after_s=1.0) from None
+
     async def Synthesize(self, request_iterator, context):
-        raise NotImplementedYet("speech synthesis is not available: the talker engine is not built yet")
-        yield  # pragma: no cover - makes this an async generator, as the contract streams
+        engine = self.service.require_engine()
+        messages = aiter(request_iterator)
+        first = await anext(messages, None)
+        if first is None or first.WhichOneof("input") != "request":
+            raise InvalidRequest("Synthesize: the first message must be `request`")
+        request = first.request
+        request.request_id = request.request_id or request_id_var.get()
+        request_id_var.set(request.request_id)
+        chunk_frames = request.chunk_frames or self.service.config.chunk_frames
+        stream = self._submit(engine, request)
+        feeder = asyncio.create_task(self._feed_text(engine, request, messages))
+        try:
+            sequence = frame_offset = 0
+            # The first chunk leaves after the first frame (time to first audio); then full chunks.
+            while (frames := await stream.read(1 if sequence == 0 else chunk_frames, chunk_frames)) is not None:
+                yield talker_pb2.SynthesizeOutput(chunk=codes_to_chunk(frames, sequence, frame_offset))
+                sequence += 1
+                frame_offset += len(frames)
+            if feeder.done() and not feeder.cancelled() and feeder.exception() is not None:
+                raise feeder.exception()
+        finally:
+            if not stream.finished:
+                engine.abort(request.request_id)  # client gone, deadline passed or bad input: free the slot
+            feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeder
+        yield talker_pb2.SynthesizeOutput(final=self._final(stream))
+
+    async def _feed_text(self, engine: TalkerEngine, request: talker_pb2.SynthesisRequest, messages) -> None:
+        """Streaming text input: deltas go to the engine until end_of_input (or the client half-closes)."""
+        if not request.streaming_text:
+            return
+        try:
+            async for message in messages:
+                kind = message.WhichOneof("input")
+                if kind == "end_of_input":
+                    break
+                if kind != "text_delta":
+                    raise InvalidRequest(f"Synthesize: unexpected `{kind}` message after `request`")
+                engine.add_text(request.request_id, message.text_delta)
+        except BaseException:
+            engine.abort(request.request_id)
+            raise
+        engine.end_text(request.request_id)
+
+    @staticmethod
+    def _final(stream: FrameStream) -> common_pb2.Final:
+        def ms(at: float | None) -> float:
+            return (at - stream.admitted_at) * 1e3 if at is not None else 0.0
+
+        timings = common_pb2.Timings(
+            queue_ms=ms(stream.scheduled_at), first_output_ms=ms(stream.first_frame_at), total_ms=ms(stream.finished_at)
+        )
+        usage = common_pb2.Usage(
+            input_tokens=stream.num_text_tokens,
+            num_frames=stream.num_frames,
+            audio_s=stream.num_frames / 12.5,
+            timings=timings,
+        )
+        final = common_pb2.Final(reason=_FINISH_REASONS[stream.finish_reason], usage=usage)
+        if stream.finish_reason is FinishReason.ERROR:
+            final.error.CopyFrom(common_pb2.Error(code="INTERNAL", message=stream.error or "talker error"))
+        return final
 
     async def GetLoad(self, request, context):
-        return common_pb2.LoadReport()
+        load = self.service.require_engine().load()
+        return common_pb2.LoadReport(
+            live_streams=load.live_streams, free_slots=load.free_slots, queue_depth=load.queue_depth
+        )
 
     async def ListVoices(self, request, context):
-        raise NotImplementedYet("voices are not available: the talker engine is not built yet")
+        modes, speakers, languages = self.service.require_engine().voices()
+        return talker_pb2.ListVoicesResponse(
+            model=self.service.config.model,
+            task_types=[_TASK_TYPES[mode] for mode in modes],
+            speakers=speakers,
+            languages=languages,
+        )
 
 
 class TalkerService(Service):
@@ -28,6 +187,41 @@ class TalkerService(Service):
 
     def __init__(self, config: TalkerConfig) -> None:
         self.config = config
+        self.engine: TalkerEngine | None = None
+        self._collector = None
+
+    def require_engine(self) -> TalkerEngine:
+        if self.engine is None:
+            raise Unavailable("talker is warming up")
+        return self.engine
 
     def register(self, server: grpc.aio.Server) -> None:
-        talker_pb2_grpc.add_TalkerServicer_to_server(TalkerServicer(), server)
+        talker_pb2_grpc.add_TalkerServicer_to_server(TalkerServicer(self), server)
+
+    def _build_engine(self) -> TalkerEngine:
+        config = self.config
+        device, dtype = resolve_device_dtype(config.device, config.dtype)
+        loaded = build_talker(config.model, config.load_format, device, dtype, Path(config.cache_dir).expanduser())
+        engine_config = EngineConfig(
+            max_streams=config.max_streams,
+            max_positions=config.max_positions,
+            max_frames=config.max_frames,
+            max_queue=config.max_queue,
+            max_buffered_frames=config.max_buffered_frames,
+            use_cuda_graphs=config.use_cuda_graphs,
+        )
+        engine = TalkerEngine(loaded, engine_config)
+        engine.runner.warmup()  # capture CUDA graphs now, not on the first request of each batch size
+        return engine
+
+    async def start(self) -> None:
+        # Loading and graph capture block: off the loop, so health keeps answering NOT_SERVING meanwhile.
+        self.engine = await asyncio.to_thread(self._build_engine)
+        self.engine.start()
+        self._collector = metrics.register(self.engine)
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.stop)
+        if self._collector is not None:
+            metrics.unregister(self._collector)

@@ -1,25 +1,111 @@
-"""The vocoder process: gRPC glue between `Vocoder.Decode`/`Encode` and the codec engine."""
+"""The vocoder process: gRPC glue between `Vocoder.Decode`/`Encode` and the decode engine."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import grpc
 
-from chorus.runtime.errors import NotImplementedYet
+from chorus.runtime.errors import InvalidRequest, Unavailable
 from chorus.runtime.host import Service
-from chorus.v1 import common_pb2, vocoder_pb2_grpc
+from chorus.runtime.logs import request_id_var
+from chorus.v1 import common_pb2, vocoder_pb2, vocoder_pb2_grpc
+from chorus.vocoder import metrics
 from chorus.vocoder.config import VocoderConfig
+from chorus.vocoder.engine.build import build_engine
+from chorus.vocoder.engine.engine import BatchReport, DecodeEngine, DecodeStream, EngineSettings, StreamEnded
+from chorus.wire import chunk_to_codes, codes_to_chunk, pcm_to_chunk
+
+
+def _record_batch(report: BatchReport) -> None:
+    metrics.DECODE_SECONDS.observe(report.decode_s)
+    metrics.BATCH_SIZE.observe(report.batch_size)
+    metrics.AUDIO_SECONDS.inc(report.audio_s)
+
+
+async def _feed(request_iterator, stream: DecodeStream) -> None:
+    """Client messages after `open` → the engine. A bad message ends the stream (the reader then raises)."""
+    try:
+        num_frames_sent = 0
+        async for message in request_iterator:
+            kind = message.WhichOneof("input")
+            if kind == "end_of_input":
+                break
+            if kind != "chunk":
+                raise InvalidRequest(f"Decode: unexpected `{kind}` message after `open`")
+            if message.chunk.frame_offset != num_frames_sent:
+                raise InvalidRequest(
+                    f"chunk.frame_offset: expected {num_frames_sent} (frames sent so far), "
+                    f"got {message.chunk.frame_offset}"
+                )
+            codes = chunk_to_codes(message.chunk)
+            await stream.send(codes)
+            num_frames_sent += len(codes)
+        stream.end_input()  # end_of_input, or the client half-closed its side
+    except BaseException:
+        stream.close()
+        raise
 
 
 class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
+    def __init__(self, service: VocoderService) -> None:
+        self.service = service
+
     async def Decode(self, request_iterator, context):
-        raise NotImplementedYet("decoding is not available: the codec decoder is not built yet")
-        yield  # pragma: no cover - makes this an async generator, as the contract streams
+        engine = self.service.require_engine()
+        admitted = time.perf_counter()
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("input") != "open":
+            raise InvalidRequest("Decode: the first message must be `open`")
+        opening = first.open
+        if opening.request_id:
+            request_id_var.set(opening.request_id)
+        context_codes = None
+        if opening.context_codes.num_frames:
+            context_codes = chunk_to_codes(opening.context_codes, "open.context_codes")
+        sample_format = opening.format or common_pb2.SAMPLE_FORMAT_PCM_S16LE
+        sample_rate_hz = engine.runner.decoder.config.output_sample_rate_hz
+
+        first_output_ms = 0.0
+        async with engine.open_stream(request_id_var.get(), context_codes) as stream:
+            feeder = asyncio.create_task(_feed(request_iterator, stream))
+            try:
+                sequence = 0
+                async for piece in stream:
+                    if sequence == 0:
+                        first_output_ms = (time.perf_counter() - admitted) * 1e3
+                    chunk = pcm_to_chunk(piece.waveform, sample_rate_hz, sample_format, sequence, piece.sample_offset)
+                    yield vocoder_pb2.DecodeOutput(pcm=chunk)
+                    sequence += 1
+            except StreamEnded:
+                if feeder.done() and not feeder.cancelled() and feeder.exception() is not None:
+                    raise feeder.exception() from None
+                raise
+            finally:
+                if not feeder.done():
+                    feeder.cancel()
+            await feeder
+            num_frames = stream.num_frames_decoded
+        total_ms = (time.perf_counter() - admitted) * 1e3
+        usage = common_pb2.Usage(
+            num_frames=num_frames,
+            audio_s=num_frames * engine.samples_per_frame / sample_rate_hz,
+            timings=common_pb2.Timings(first_output_ms=first_output_ms, total_ms=total_ms),
+        )
+        yield vocoder_pb2.DecodeOutput(final=common_pb2.Final(reason=common_pb2.FINISH_REASON_COMPLETE, usage=usage))
 
     async def Encode(self, request, context):
-        raise NotImplementedYet("encoding is not available: the codec encoder is not built yet")
+        if request.request_id:
+            request_id_var.set(request.request_id)
+        encoded = await self.service.require_engine().encode(request.audio)
+        return vocoder_pb2.EncodeResponse(codes=codes_to_chunk(encoded.codes, 0, 0), audio_s=encoded.audio_s)
 
     async def GetLoad(self, request, context):
-        return common_pb2.LoadReport()
+        stats = self.service.require_engine().stats()
+        return common_pb2.LoadReport(
+            live_streams=stats.live_streams, free_slots=stats.free_slots, queue_depth=stats.queued_streams
+        )
 
 
 class VocoderService(Service):
@@ -28,6 +114,32 @@ class VocoderService(Service):
 
     def __init__(self, config: VocoderConfig) -> None:
         self.config = config
+        self.engine: DecodeEngine | None = None
+
+    def require_engine(self) -> DecodeEngine:
+        if self.engine is None:
+            raise Unavailable("vocoder is warming up")
+        return self.engine
 
     def register(self, server: grpc.aio.Server) -> None:
-        vocoder_pb2_grpc.add_VocoderServicer_to_server(VocoderServicer(), server)
+        vocoder_pb2_grpc.add_VocoderServicer_to_server(VocoderServicer(self), server)
+
+    async def start(self) -> None:
+        config = self.config
+        settings = EngineSettings(
+            max_batch_size=config.max_batch_size,
+            batch_window_s=config.batch_window_ms / 1e3,
+            idle_timeout_s=config.idle_timeout_s,
+            max_reference_audio_s=config.max_reference_audio_s,
+        )
+        # Loading (and graph capture) runs off the loop so health keeps answering NOT_SERVING meanwhile.
+        engine = await asyncio.to_thread(build_engine, config, settings, use_cuda_graphs=config.use_cuda_graphs)
+        engine._on_batch = _record_batch
+        await engine.start()
+        metrics.LIVE_STREAMS.set_function(lambda: engine.stats().live_streams)
+        metrics.STATE_BYTES.set_function(lambda: engine.stats().state_bytes)
+        self.engine = engine
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await self.engine.stop()

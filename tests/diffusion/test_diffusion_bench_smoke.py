@@ -10,7 +10,7 @@ from chorus.diffusion.bench import main
 def test_bench_smoke(tmp_path):
     report = main([
         "--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--num-steps", "3", "--num-concurrent", "2",
-        "--repeats", "1", "--batch-window-ms", "5", "--out", str(tmp_path),
+        "--repeats", "1", "--batch-window-ms", "5", "--attention-backend", "flash", "--out", str(tmp_path),
     ])
     results = report["results"]
     for key in ("ours_one_request_s", "ours_concurrent_s", "pipeline_one_request_s",
@@ -18,5 +18,6 @@ def test_bench_smoke(tmp_path):
         assert results[key] > 0
     (json_path,) = tmp_path.glob("diffusion-*.json")
     (png_path,) = tmp_path.glob("diffusion-*.png")
-    assert json.loads(json_path.read_text())["settings"]["num_steps"] == 3
+    settings = json.loads(json_path.read_text())["settings"]
+    assert settings["num_steps"] == 3 and settings["attention_backend"] == "flash"
     assert png_path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

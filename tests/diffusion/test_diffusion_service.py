@@ -63,7 +63,7 @@ async def test_bad_requests_get_invalid_argument_naming_the_field(diffusion, fie
 
 
 async def test_cancelling_mid_run_frees_the_slot(diffusion):
-    stub, service = diffusion
+    stub, _service = diffusion
     call = stub.Generate(diffusion_pb2.GenerateRequest(prompt="wind", duration_s=0.5, num_steps=1000))
     first = await call.read()
     assert first.progress.step == 1

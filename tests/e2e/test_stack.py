@@ -92,6 +92,21 @@ def test_chorus_up_serves_everything_and_stops_cleanly(stack):
             )
         assert reply.status == health_pb2.HealthCheckResponse.SERVING, name
 
+    # Real requests through the real processes: speech (talker → vocoder) and text-to-audio (diffusion).
+    speech_model = httpx.get(endpoints["rest"] + "/v1/models", timeout=10).json()["data"][0]["id"]
+    speech = {"model": speech_model, "input": "Hello.", "voice": "ryan", "response_format": "wav", "max_frames": 20}
+    reply = httpx.post(endpoints["rest"] + "/v1/audio/speech", json=speech, timeout=60)
+    assert reply.status_code == 200 and reply.content[:4] == b"RIFF" and len(reply.content) > 44, reply.text
+    generation = {
+        "model": "stable-audio-open-1.0",
+        "prompt": "rain",
+        "duration_s": 0.5,
+        "num_steps": 3,
+        "response_format": "wav",
+    }
+    reply = httpx.post(endpoints["rest"] + "/v1/audio/generations", json=generation, timeout=60)
+    assert reply.status_code == 200 and reply.content[:4] == b"RIFF" and len(reply.content) > 44, reply.text
+
     children = descendants(process.pid)
     assert len(children) >= 5  # redis-server + four services
     process.send_signal(signal.SIGTERM)

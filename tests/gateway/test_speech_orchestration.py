@@ -21,8 +21,9 @@ from gateway_contract_backends import (
 )
 from prometheus_client import REGISTRY
 
+from chorus.gateway.runner import RunRegistry
 from chorus.gateway.speech_pipeline import synthesize_segment
-from chorus.gateway.speech_run import SpeechRun, SpeechRunner, segment_requests
+from chorus.gateway.speech_run import SpeechRun, segment_requests
 from chorus.gateway.state.connection import open_redis
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import CANCELLED, DONE, FAILED, RequestStore
@@ -171,7 +172,7 @@ async def test_runner_cancels_a_run_without_readers_after_the_grace(backends, st
     talker, vocoder, (talker_stub, vocoder_stub) = backends
     talker.gate = asyncio.Event()
     requests, journal = state
-    runner = SpeechRunner(detach_grace_s=0.2)
+    runner = RunRegistry(detach_grace_s=0.2)
     record = await requests.create("speech", model="m", response_format="mp3")
     segments = segment_requests(record.request_id, request(""), "Hello there.", 200)
     run = SpeechRun(

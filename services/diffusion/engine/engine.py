@@ -91,13 +91,17 @@ class DiffusionEngine:
         default_guidance_scale: float = 7.0,
         use_cuda_graphs: bool = True,
         compile_dit: bool = False,
+        compile_mode: str = "default",
+        attention_backend: str = "auto",
         on_step: Callable[[StepStats], None] | None = None,
     ) -> None:
-        """use_cuda_graphs and compile_dit only act on CUDA devices; see DiffusionRunner."""
+        """use_cuda_graphs and compile_dit only act on CUDA devices; see DiffusionRunner (also for
+        compile_mode and attention_backend)."""
         is_cuda = models.device.type == "cuda"
         # Two DiT rows per sample: CFG runs the unconditional branch in the same forward.
         max_graph_rows = 2 * max_batch_size if use_cuda_graphs and is_cuda else 0
-        self.runner = DiffusionRunner(models, max_graph_rows=max_graph_rows, compile_dit=compile_dit and is_cuda)
+        self.runner = DiffusionRunner(models, max_graph_rows=max_graph_rows, compile_dit=compile_dit and is_cuda,
+                                      compile_mode=compile_mode, attention_backend=attention_backend)
         self.limits = RequestLimits(
             max_duration_s=models.max_duration_s,
             max_num_outputs=max_batch_size,

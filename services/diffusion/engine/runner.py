@@ -67,16 +67,25 @@ class SampleState:
 class DiffusionRunner:
     """Runs Stable Audio Open sampling for batches of samples on `models.device`."""
 
-    def __init__(self, models: StableAudioModels, max_graph_rows: int = 0, compile_dit: bool = False) -> None:
+    def __init__(
+        self,
+        models: StableAudioModels,
+        max_graph_rows: int = 0,
+        compile_dit: bool = False,
+        compile_mode: str = "default",
+        attention_backend: str = "auto",
+    ) -> None:
         """max_graph_rows > 0 captures CUDA graphs of the DiT for up to that many rows (2 per sample with
         CFG) when the models are on a GPU; capture happens here, so build the runner at startup.
         compile_dit compiles the DiT blocks (while capturing: one variant per bucket); it is only allowed
-        together with graphs, whose buckets keep the shapes static."""
+        together with graphs, whose buckets keep the shapes static. compile_mode and attention_backend:
+        see StableAudioDenoiser."""
         if compile_dit and not (max_graph_rows > 0 and models.device.type == "cuda"):
             raise ValueError("compile_dit: needs CUDA graphs on a CUDA device (static shapes)")
         self.models = models
         self._latent_shape = (models.num_latent_channels, models.num_latent_frames)
-        denoiser = StableAudioDenoiser(models.transformer, models.time_frequencies, compile_blocks=compile_dit)
+        denoiser = StableAudioDenoiser(models.transformer, models.time_frequencies, compile_blocks=compile_dit,
+                                       compile_mode=compile_mode, attention_backend=attention_backend)
         self.denoiser: StableAudioDenoiser | GraphedDenoiser = denoiser
         if max_graph_rows > 0 and models.device.type == "cuda":
             num_cross_tokens = models.tokenizer.model_max_length + 2  # text tokens, then start and end seconds

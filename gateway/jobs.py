@@ -1,0 +1,166 @@
+"""Starting requests and following them: shared by the REST and gRPC APIs.
+
+A request is admitted first (429 beyond the backend's queue), then its idempotency key is
+claimed (a retry with the same key gets the earlier request, not a second generation), then its
+record is created and its run started on this replica. Anyone may follow it from any replica:
+progress through the record, audio through the output journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import PurePath
+
+from chorus.gateway.context import GatewayContext
+from chorus.gateway.generation_run import GenerationRun
+from chorus.gateway.schemas import GenerationRequest, SpeechRequest
+from chorus.gateway.speech_pipeline import synthesize_segment
+from chorus.gateway.speech_run import SpeechRun, segment_requests
+from chorus.gateway.state.requests import FAILED, TERMINAL, RequestRecord
+from chorus.gateway.talker_request import synthesis_request
+from chorus.runtime.errors import NotFound, status_for
+from chorus.v1 import common_pb2, diffusion_pb2, talker_pb2
+
+PROGRESS_POLL_INTERVAL_S = 0.1
+DIFFUSION_MODEL = "stable-audio-open-1.0"  # what /v1/models lists for the diffusion service
+
+
+async def _admit(
+    ctx: GatewayContext, kinds: tuple[str, ...], owner: str, idempotency_key: str | None, **record_fields: str
+) -> tuple[RequestRecord, contextlib.AsyncExitStack | None]:
+    """Takes the backends' slots and creates the record; with a known `idempotency_key`, the earlier
+    request and no slot (nothing new runs, and a retry is answered even while admission is full)."""
+    if idempotency_key and (earlier_id := await ctx.requests.idempotent_request(owner, idempotency_key)):
+        return await ctx.requests.get(earlier_id), None
+    ctx.require_backends(*kinds)
+    slot = contextlib.AsyncExitStack()
+    await slot.enter_async_context(ctx.admission.enter(*kinds))
+    try:
+        request_id = ctx.requests.new_id()
+        if idempotency_key:
+            # Claimed only once admitted, so a refused request leaves no key behind; this catches a
+            # concurrent twin that claimed the key since the look above.
+            earlier_id = await ctx.requests.claim_idempotency_key(owner, idempotency_key, request_id)
+            if earlier_id is not None:
+                await slot.aclose()
+                return await ctx.requests.get(earlier_id), None
+        return await ctx.requests.create(owner=owner, request_id=request_id, **record_fields), slot
+    except BaseException:
+        await slot.aclose()
+        raise
+
+
+async def start_generation(
+    ctx: GatewayContext, body: GenerationRequest, owner: str, idempotency_key: str | None, is_detachable: bool
+) -> RequestRecord:
+    """Admits and starts a text-to-audio request; with a known `idempotency_key`, the earlier request."""
+    ctx.require_backends("diffusion")
+    if body.model != DIFFUSION_MODEL:
+        raise NotFound(f"model {body.model!r} not found; text-to-audio serves {DIFFUSION_MODEL!r}")
+    fields = {"kind": "audio", "model": body.model, "response_format": body.response_format}
+    record, slot = await _admit(ctx, ("diffusion",), owner, idempotency_key, **fields)
+    if slot is None:
+        return record
+    request = diffusion_pb2.GenerateRequest(
+        request_id=record.request_id,
+        prompt=body.prompt,
+        negative_prompt=body.negative_prompt or "",
+        duration_s=body.duration_s,
+        num_steps=body.num_steps or 0,
+        guidance_scale=body.guidance_scale,
+        seed=body.seed,
+    )
+    run = GenerationRun(ctx.requests, ctx.journal, request, ctx.backends, ctx.diffusion_window, body.response_format)
+    ctx.runs.start(run, slot, is_detachable=is_detachable)
+    return record
+
+
+async def check_speech_target(ctx: GatewayContext, model: str, voice: str | None) -> None:
+    """NotFound unless the loaded talker is `model` (its id as /v1/models lists it, or that id's last
+    path component) and has `voice` (checkpoints without named speakers take any)."""
+    voices = await ctx.catalog.voices()
+    if model not in (voices.model, PurePath(voices.model).name):
+        raise NotFound(f"model {model!r} not found; GET /v1/models lists the available ones")
+    speakers = {speaker.lower() for speaker in voices.speakers}
+    if voice is not None and speakers and voice.lower() not in speakers:
+        raise NotFound(f"voice {voice!r} not found; GET /v1/audio/voices lists the available ones")
+
+
+async def _segment_pcm(
+    ctx: GatewayContext, request: talker_pb2.SynthesisRequest, text_deltas: AsyncIterator[str] | None = None
+) -> AsyncIterator[common_pb2.PcmChunk]:
+    """One segment on the least-loaded talker and vocoder replicas, counted on both while it runs."""
+    talker, vocoder = ctx.backends.pick("talker"), ctx.backends.pick("vocoder")
+    talker.num_active += 1
+    vocoder.num_active += 1
+    try:
+        async for pcm in synthesize_segment(talker.stub, vocoder.stub, request, text_deltas=text_deltas):
+            yield pcm
+    finally:
+        talker.num_active -= 1
+        vocoder.num_active -= 1
+
+
+async def start_speech(
+    ctx: GatewayContext,
+    body: SpeechRequest,
+    owner: str,
+    idempotency_key: str | None,
+    ref_audio: bytes | None,
+    text_deltas: AsyncIterator[str] | None = None,
+) -> RequestRecord:
+    """Admits and starts a speech request (detachable: it stops once no reader is left).
+
+    With `text_deltas`, `body.input` is only the start of the text: the rest streams in (one
+    segment, the talker's streaming-text layout) until the iterator ends.
+    """
+    await check_speech_target(ctx, body.model, body.voice)
+    fields = {"kind": "speech", "model": body.model, "voice": body.voice or "", "response_format": body.response_format}
+    record, slot = await _admit(ctx, ("talker", "vocoder"), owner, idempotency_key, **fields)
+    if slot is None:
+        return record
+    try:
+        clone = None
+        if ref_audio is not None:
+            clone = await ctx.reference_codes.voice_clone(
+                ref_audio, body.ref_text, body.x_vector_only, record.request_id
+            )
+    except BaseException as exc:
+        await slot.aclose()
+        code, message = status_for(exc)
+        await ctx.requests.transition(record.request_id, FAILED, error={"code": code.name, "message": message})
+        raise
+    base = synthesis_request(body, clone)
+    if text_deltas is None:
+        segments = segment_requests(record.request_id, base, body.input, ctx.config.speech_segment_chars)
+    else:
+        base.streaming_text = True
+        segments = [talker_pb2.SynthesisRequest(request_id=f"{record.request_id}.0", text=body.input)]
+        segments[0].MergeFrom(base)
+    run = SpeechRun(
+        ctx.requests,
+        ctx.journal,
+        record.request_id,
+        segments,
+        lambda request: _segment_pcm(ctx, request, text_deltas),
+        body.response_format,
+        speed=body.speed,
+        max_concurrent_segments=ctx.config.speech_concurrent_segments,
+    )
+    ctx.runs.start(run, slot, is_detachable=True)
+    return record
+
+
+async def follow_record(ctx: GatewayContext, request_id: str) -> AsyncIterator[RequestRecord]:
+    """The request's record each time its status or progress changes, ending with a terminal one."""
+    seen: tuple | None = None
+    while True:
+        record = await ctx.requests.get(request_id)
+        if (record.status, record.progress) != seen:
+            seen = (record.status, record.progress)
+            yield record
+        if record.status in TERMINAL:
+            return
+        await asyncio.sleep(PROGRESS_POLL_INTERVAL_S)

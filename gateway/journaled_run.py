@@ -1,0 +1,80 @@
+"""The lifecycle every request run shares: record transitions, cancel watch, journal end marker.
+
+A subclass produces the output (`_produce`, journaling chunks with `_journal`) and returns the
+usage; this base moves the record queued → running → done | failed | cancelled, stops the
+production when a cancel is requested on any replica (the record's flag, woken early by
+pub/sub), and always writes the journal's end marker so readers stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from chorus.gateway.state.cancel import wait_for_cancel
+from chorus.gateway.state.journal import OutputJournal
+from chorus.gateway.state.requests import CANCELLED, DONE, FAILED, RUNNING, RequestStore
+from chorus.runtime.errors import ChorusError, status_for
+
+log = logging.getLogger("chorus.gateway.run")
+
+
+class JournaledRun:
+    def __init__(self, requests: RequestStore, journal: OutputJournal, request_id: str) -> None:
+        self.requests = requests
+        self.journal = journal
+        self.request_id = request_id
+
+    async def _produce(self) -> dict:
+        """Journals the output; returns the usage (with `last_sequence`). Raises ChorusError on failure."""
+        raise NotImplementedError
+
+    async def run(self) -> str:
+        """Runs to the end; returns the final status. Never raises for a failed request."""
+        if not await self.requests.transition(self.request_id, RUNNING):
+            return (await self.requests.get(self.request_id)).status  # cancelled before it started
+        cancel_watch = asyncio.create_task(wait_for_cancel(self.requests, self.request_id))
+        produce = asyncio.create_task(self._produce())
+        try:
+            await asyncio.wait({cancel_watch, produce}, return_when=asyncio.FIRST_COMPLETED)
+            if cancel_watch.done() and cancel_watch.exception() is not None:
+                # Redis failed while watching: the run's own journal writes will surface it.
+                await asyncio.wait({produce})
+            if not produce.done():  # a cancel was requested
+                produce.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await produce
+                return await self._end(CANCELLED, None, None)
+            try:
+                usage = produce.result()
+            except ChorusError as exc:
+                code, message = status_for(exc)
+                return await self._end(FAILED, {"code": code.name, "message": message}, None)
+            except Exception:
+                log.exception("request %s failed", self.request_id)
+                return await self._end(FAILED, {"code": "INTERNAL", "message": "internal error"}, None)
+            return await self._end(DONE, None, usage)
+        except asyncio.CancelledError:  # detached: no reader came back in time
+            produce.cancel()
+            await self._end(CANCELLED, {"code": "CANCELLED", "message": "the client went away"}, None)
+            raise
+        finally:
+            cancel_watch.cancel()
+            produce.cancel()
+
+    async def _journal(self, sequence: int, data: bytes) -> int:
+        """Journals `data` as chunk `sequence` (nothing for empty data); returns the next sequence."""
+        if not data:
+            return sequence
+        await self.journal.append(self.request_id, sequence, data)
+        return sequence + 1
+
+    async def _end(self, status: str, error: dict | None, usage: dict | None) -> str:
+        fields = {"error": error} if error else {}
+        if usage:
+            fields |= {"usage": usage, "last_sequence": usage["last_sequence"]}
+        with contextlib.suppress(ChorusError):  # Redis down: the record's TTL and readers' checks cover it
+            await self.requests.transition(self.request_id, status, **fields)
+            await self.journal.finish(self.request_id, status, error=error, usage=usage)
+        return status

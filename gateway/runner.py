@@ -1,0 +1,82 @@
+"""The runs of this gateway replica, as tasks of their own, detached from client connections.
+
+Readers (the first response, resumes on any replica) follow the journal. When the last reader
+of a detachable run leaves, the run is cancelled after `detach_grace_s` unless a reader comes
+back, which frees the backends' slots promptly while allowing a quick reconnect to resume live.
+Asynchronous jobs (202 + request id) are not detachable: they run with no reader at all.
+A run may hold an admission slot, released when the run ends however it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from chorus.gateway.journaled_run import JournaledRun
+
+
+class RunRegistry:
+    def __init__(self, detach_grace_s: float = 0.75) -> None:
+        self.detach_grace_s = detach_grace_s
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._num_readers: dict[str, int] = {}
+        self._detach_timers: dict[str, asyncio.TimerHandle] = {}
+
+    def start(
+        self, run: JournaledRun, slot: contextlib.AsyncExitStack | None = None, is_detachable: bool = True
+    ) -> asyncio.Task:
+        """Runs `run` in a task; `slot` (an entered admission) is closed when it ends."""
+        task = asyncio.create_task(self._run(run, slot), name=f"run-{run.request_id}")
+        self._tasks[run.request_id] = task
+        if is_detachable:
+            self._num_readers[run.request_id] = 0
+        task.add_done_callback(lambda _: self._forget(run.request_id))
+        return task
+
+    @staticmethod
+    async def _run(run: JournaledRun, slot: contextlib.AsyncExitStack | None) -> str:
+        try:
+            return await run.run()
+        finally:
+            if slot is not None:
+                await slot.aclose()
+
+    def is_running(self, request_id: str) -> bool:
+        return request_id in self._tasks
+
+    @contextlib.contextmanager
+    def reading(self, request_id: str):
+        """Marks a reader of `request_id` for the duration of the block."""
+        if request_id not in self._num_readers:
+            yield  # not detachable, or the run lives on another replica (or is over)
+            return
+        timer = self._detach_timers.pop(request_id, None)
+        if timer is not None:
+            timer.cancel()
+        self._num_readers[request_id] += 1
+        try:
+            yield
+        finally:
+            if request_id in self._num_readers:
+                self._num_readers[request_id] -= 1
+                if self._num_readers[request_id] == 0:
+                    loop = asyncio.get_running_loop()
+                    self._detach_timers[request_id] = loop.call_later(self.detach_grace_s, self._detach, request_id)
+
+    def _detach(self, request_id: str) -> None:
+        self._detach_timers.pop(request_id, None)
+        task = self._tasks.get(request_id)
+        if task is not None and self._num_readers.get(request_id) == 0:
+            task.cancel()
+
+    def _forget(self, request_id: str) -> None:
+        self._tasks.pop(request_id, None)
+        self._num_readers.pop(request_id, None)
+        timer = self._detach_timers.pop(request_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    async def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)

@@ -1,0 +1,188 @@
+"""Talker benchmark: `python -m chorus.talker.bench` (released 0.6B shapes, dummy weights, bf16 by default).
+
+Per batch size (1 / 16 / 64 by default) it runs that many concurrent requests of a fixed number of frames
+(125 = 10 s of audio, EOS ignored) through the engine and reports ms per frame step (one step = one frame for
+every live request), RTF (request latency / audio seconds), audio seconds per wall second and peak GPU memory.
+In the same run it executes the reference-style decode loop (`tools/baselines/talker_baseline.py`: Hugging Face
+modules, dynamic cache, one code-predictor generate per frame) as a subprocess and puts both side by side.
+Writes JSON and a PNG (audio-s/s per batch: ours blue, reference-style grey) to `bench/results/talker-*`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from chorus.talker.engine.engine import FRAME_RATE_HZ, EngineConfig, TalkerEngine
+from chorus.talker.loader import build_talker
+from chorus.talker.sampling import SamplingParams
+
+REPO = Path(__file__).resolve().parents[2]
+# The shared tools sit beside the checkout here and inside it on the GPU machine.
+BASELINE_SCRIPT = next(
+    (
+        root / "shared/tools/baselines/talker_baseline.py"
+        for root in (REPO, REPO.parent)
+        if (root / "shared/tools/baselines/talker_baseline.py").exists()
+    ),
+    REPO.parent / "shared/tools/baselines/talker_baseline.py",
+)
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet forest."
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _run_batch(engine: TalkerEngine, batch_size: int, num_frames: int, tag: str) -> dict:
+    voice = engine.voice_request("custom_voice", TEXT, speaker="ryan", language="english")
+    device = engine.runner.device
+    _sync(device)
+    started = time.perf_counter()
+    streams = [
+        engine.submit(f"{tag}-{i}", voice, SamplingParams(seed=i), max_frames=num_frames, ignore_eos=True)
+        for i in range(batch_size)
+    ]
+    steps_before, step_ms_before = engine.stats.steps, engine.stats.step_ms_total
+    engine.run_until_idle()
+    _sync(device)
+    wall_s = time.perf_counter() - started
+    frames = [stream.collect() for stream in streams]
+    assert all(len(f) == num_frames for f in frames), "every request runs to the fixed frame count"
+    steps = engine.stats.steps - steps_before
+    step_ms = (engine.stats.step_ms_total - step_ms_before) / max(steps, 1)
+    audio_s = num_frames / FRAME_RATE_HZ
+    return {
+        "batch_size": batch_size,
+        "ms_per_frame_step": round(step_ms, 3),
+        "wall_s": round(wall_s, 3),
+        "rtf": round(wall_s / audio_s, 4),
+        "audio_s_per_s": round(batch_size * audio_s / wall_s, 1),
+    }
+
+
+def measure_ours(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    with tempfile.TemporaryDirectory() as workdir:
+        load_format = "auto" if args.size == "tiny" else "dummy"
+        loaded = build_talker(args.size, load_format, device, dtype, Path(workdir))
+    results = []
+    for batch_size in args.batch_sizes:
+        config = EngineConfig(
+            max_streams=batch_size,
+            max_positions=args.frames + 128,
+            max_frames=args.frames,
+            max_buffered_frames=args.frames,
+            max_prefills_per_step=batch_size,
+            use_cuda_graphs=not args.eager,
+        )
+        engine = TalkerEngine(loaded, config)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        _run_batch(engine, batch_size, min(args.frames, 8), "warmup")  # graph capture, allocator warm-up
+        result = _run_batch(engine, batch_size, args.frames, "run")
+        if device.type == "cuda":
+            result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+            if engine.runner.graphs is not None:
+                engine.runner.graphs.release()
+        print(f"ours batch {batch_size}: {result}", flush=True)
+        results.append(result)
+        del engine
+    return results
+
+
+def measure_reference(script: Path) -> dict:
+    """The reference-style loop in a subprocess on the same machine (its own batch sizes 1 / 16 / 64)."""
+    with tempfile.TemporaryDirectory() as out:
+        env = os.environ | {"OUT": out}
+        completed = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=3600)
+        if completed.returncode != 0:
+            return {"error": completed.stderr[-2000:]}
+        return json.loads((Path(out) / "talker_baseline.json").read_text())
+
+
+def _write_png(path: Path, pairs: list[tuple[float, float]]) -> None:
+    """Grouped bars without a plotting library: per batch size, ours (blue) and reference-style (grey)."""
+    height, bar_width, gap = 240, 30, 24
+    width = gap + len(pairs) * (2 * bar_width + gap)
+    image = np.full((height, width, 3), 255, dtype=np.uint8)
+    top = max(max(pair) for pair in pairs) or 1.0
+    for group, pair in enumerate(pairs):
+        for index, (value, color) in enumerate(zip(pair, ((40, 90, 200), (150, 150, 150)), strict=True)):
+            left = gap + group * (2 * bar_width + gap) + index * bar_width
+            bar_height = int((height - 20) * value / top)
+            image[height - 10 - bar_height : height - 10, left : left + bar_width - 2] = color
+    raw = b"".join(b"\x00" + row.tobytes() for row in image)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    )
+
+
+def _commit() -> str:
+    completed = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return completed.stdout.strip() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m chorus.talker.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--size", default="0.6b", choices=("0.6b", "1.7b", "tiny"))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--batch-sizes", default="1,16,64", type=lambda text: [int(v) for v in text.split(",")])
+    parser.add_argument("--frames", type=int, default=125, help="frames per request (EOS ignored)")
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--reference-script", type=Path, default=BASELINE_SCRIPT)
+    parser.add_argument("--skip-reference", action="store_true")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = parser.parse_args(argv)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    ours = measure_ours(args, device, dtype)
+    reference = {} if args.skip_reference else measure_reference(args.reference_script)
+    report = {
+        "benchmark": "talker",
+        "commit": _commit(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "settings": {
+            "size": args.size,
+            "dtype": args.dtype,
+            "frames_per_request": args.frames,
+            "cuda_graphs": not args.eager and device.type == "cuda",
+            "weights": "dummy (random)",
+        },
+        "ours": ours,
+        "reference_style": reference,
+        "targets": {"batch1_ms_per_frame_max": 5.0, "batch64_audio_s_per_s_min": 500.0},
+    }
+    for row in ours:
+        key = f"eager_b{row['batch_size']}_audio_s_per_s"
+        if key in reference:
+            row["speedup_vs_reference"] = round(row["audio_s_per_s"] / reference[key], 2)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (args.out / f"talker-{stamp}.json").write_text(json.dumps(report, indent=2))
+    pairs = [(row["audio_s_per_s"], reference.get(f"eager_b{row['batch_size']}_audio_s_per_s", 0.0)) for row in ours]
+    _write_png(args.out / f"talker-{stamp}.png", pairs)
+    print(json.dumps(report, indent=2))
+    print(f"wrote {args.out / f'talker-{stamp}.json'} and .png")
+    return report
+
+
+if __name__ == "__main__":
+    main()

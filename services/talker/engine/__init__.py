@@ -1,0 +1,1 @@
+"""Talker serving engine: request state → scheduler (pure policy) → runner (the only device code) → engine loop."""

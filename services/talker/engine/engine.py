@@ -1,0 +1,356 @@
+"""The talker engine: the step loop on its own thread, and the thread-safe request API for asyncio callers.
+
+Callers (the gRPC servicer) call `submit` → `FrameStream`, then `add_text` / `end_text` / `abort`; those only
+enqueue commands, so the event loop never waits for a model step. The engine thread applies commands at the
+start of each step, asks the scheduler for a plan, runs prefills and one decode step, and hands frames out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+from chorus.talker.engine.request import FinishReason, Status, TalkerRequest
+from chorus.talker.engine.runner import TalkerRunner, kv_bytes_per_position, slots_for_memory
+from chorus.talker.engine.scheduler import Scheduler
+from chorus.talker.engine.stream import FrameStream
+from chorus.talker.loader import LoadedTalker
+from chorus.talker.prompt import PromptError, VoiceRequest, build_prompt, validate
+from chorus.talker.sampling import SamplingParams
+
+FRAME_RATE_HZ = 12.5
+_log = logging.getLogger(__name__)
+
+
+class EngineFullError(RuntimeError):
+    """No room for another request (slots and queue taken); callers answer RESOURCE_EXHAUSTED."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    max_streams: int = 64  # KV-cache slots; 0 = as many as `kv_memory_fraction` of free device memory holds
+    max_positions: int = 4608  # cache positions per stream: prompt + frames
+    max_frames: int = 4096  # default and upper limit of frames per request
+    max_queue: int = 256  # requests waiting for a slot or for text
+    max_buffered_frames: int = 50  # per-stream output bound (4 s of audio)
+    max_prefills_per_step: int = 4
+    use_cuda_graphs: bool = True
+    kv_memory_fraction: float = 0.8
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineLoad:
+    live_streams: int
+    free_slots: int
+    queue_depth: int
+
+
+@dataclasses.dataclass
+class EngineStats:
+    """Cumulative counters for metrics; the engine thread writes, readers take a snapshot."""
+
+    steps: int = 0
+    frames: int = 0
+    last_step_ms: float = 0.0
+    last_batch_size: int = 0
+    step_ms_total: float = 0.0
+
+
+class TalkerEngine:
+    def __init__(self, loaded: LoadedTalker, config: EngineConfig = EngineConfig()) -> None:
+        self.loaded = loaded
+        self.model_config = loaded.config
+        self.config = config
+        self.num_slots = config.max_streams or self._slots_from_memory(loaded)
+        self.runner = TalkerRunner(loaded.model, self.num_slots, config.max_positions, config.use_cuda_graphs)
+        pad_id = self.model_config.text_ids.tts_pad
+        self.scheduler = Scheduler(self.num_slots, config.max_prefills_per_step, pad_id)
+        self.stats = EngineStats()
+        self._requests: dict[str, tuple[TalkerRequest, FrameStream]] = {}
+        self._commands: deque[tuple] = deque()
+        self._admitted = 0
+        self._admit_lock = threading.Lock()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def _slots_from_memory(self, loaded: LoadedTalker) -> int:
+        weight = loaded.model.talker.codec_head.weight
+        if weight.device.type != "cuda":
+            raise ValueError("max_streams: 0 (size from free memory) needs a CUDA device; set a number")
+        free_bytes, _ = torch.cuda.mem_get_info(weight.device)
+        per_position = kv_bytes_per_position(loaded.model, weight.dtype)
+        slots = slots_for_memory(free_bytes, self.config.kv_memory_fraction, per_position, self.config.max_positions)
+        if slots == 0:
+            raise ValueError(f"max_positions: not even one stream of {self.config.max_positions} positions fits")
+        _log.info(
+            "talker KV cache: %d slots of %d positions from %.1f GiB free",
+            slots,
+            self.config.max_positions,
+            free_bytes / 2**30,
+        )
+        return slots
+
+    # ---- request API (any thread) ----
+
+    def voice_request(
+        self,
+        mode: str,
+        text: str,
+        *,
+        text_complete: bool = True,
+        language: str = "auto",
+        speaker: str | None = None,
+        instructions: str = "",
+        ref_text: str = "",
+        ref_codes=None,
+        speaker_vector=None,
+        ref_audio=None,
+        non_streaming_text: bool | None = None,
+    ) -> VoiceRequest:
+        """Tokenize a text-level request. `non_streaming_text` None → the reference's default per mode.
+
+        Array-likes (tensors, numpy arrays, lists): `ref_codes [R, 16]`, `speaker_vector [H]`, `ref_audio [samples]`
+        (24 kHz mono, in [-1, 1]).
+        """
+
+        def tensor(values, dtype):
+            return None if values is None else torch.as_tensor(values, dtype=dtype)
+
+        tokenizer = self.loaded.tokenizer
+        role_ids, text_ids = tokenizer.encode_target(text)
+        if non_streaming_text is None:
+            non_streaming_text = mode != "voice_clone" and text_complete
+        return VoiceRequest(
+            mode=mode,
+            role_ids=role_ids,
+            text_ids=text_ids if text else [],
+            text_complete=text_complete,
+            language=language or "auto",
+            speaker=speaker or None,
+            instruct_ids=tokenizer.encode_instruct(instructions) if instructions else None,
+            speaker_vector=tensor(speaker_vector, torch.float32),
+            ref_audio=tensor(ref_audio, torch.float32),
+            ref_text_ids=tokenizer.encode_ref_text(ref_text) if ref_codes is not None else None,
+            ref_codes=tensor(ref_codes, torch.long),
+            non_streaming_text=non_streaming_text,
+        )
+
+    def submit(
+        self,
+        request_id: str,
+        voice: VoiceRequest,
+        sampling: SamplingParams | None = None,
+        max_frames: int | None = None,
+        ignore_eos: bool = False,
+    ) -> FrameStream:
+        """Validate and queue a request; its frames arrive on the returned stream.
+
+        Raises `PromptError` / `ValueError` for bad input (INVALID_ARGUMENT), `EngineFullError` when full.
+        """
+        validate(self.model_config, voice)
+        if voice.non_streaming_text and not voice.text_complete:
+            raise PromptError("streaming_text: text that keeps arriving needs the streaming-text layout")
+        sampling = sampling or self.loaded.sampling_defaults
+        sampling.validate()
+        max_frames = max_frames or self.config.max_frames
+        if not 0 < max_frames <= self.config.max_frames:
+            raise ValueError(f"max_frames: must be in 1..{self.config.max_frames}, got {max_frames}")
+        seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
+        with self._admit_lock:
+            if request_id in self._requests:
+                raise ValueError(f"request_id: {request_id!r} is already in use")
+            if self._admitted >= self.num_slots + self.config.max_queue:
+                raise EngineFullError(f"talker is full ({self._admitted} requests admitted)")
+            request = TalkerRequest(
+                request_id,
+                voice,
+                sampling,
+                seed,
+                max_frames,
+                self.config.max_buffered_frames,
+                ignore_eos,
+                text_started=bool(voice.text_ids),
+            )
+            stream = FrameStream(
+                request_id, self.config.max_buffered_frames, lambda count: self._command("consumed", request_id, count)
+            )
+            self._requests[request_id] = (request, stream)
+            self._admitted += 1
+        self._command("add", request_id, None)
+        return stream
+
+    def add_text(self, request_id: str, text: str) -> None:
+        """More target text for a request submitted with `text_complete=False`."""
+        entry = self._requests.get(request_id)
+        if entry is None or not text:
+            return
+        request, tokenizer = entry[0], self.loaded.tokenizer
+        # The first piece is tokenized inside the template, as the reference tokenizes a whole text.
+        ids = tokenizer.encode_continuation(text) if request.text_started else tokenizer.encode_target(text)[1]
+        request.text_started = True
+        self._command("text", request_id, ids)
+
+    def end_text(self, request_id: str) -> None:
+        self._command("end_text", request_id, None)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request; its slot is freed at the next step boundary and its stream ends `cancelled`."""
+        self._command("abort", request_id, None)
+
+    def voices(self) -> tuple[list[str], list[str], list[str]]:
+        """(modes, speakers, languages) this checkpoint serves, sorted, for `ListVoices`."""
+        config = self.model_config
+        modes = ["voice_design", "voice_clone"] if config.speaker_encoder is not None else ["voice_design"]
+        if config.speaker_ids:
+            modes.insert(0, "custom_voice")
+        languages = sorted(["auto", *(name for name in config.language_ids if "dialect" not in name)])
+        return modes, sorted(config.speaker_ids), languages
+
+    def load(self) -> EngineLoad:
+        live = len(self.scheduler.running)
+        return EngineLoad(live, self.num_slots - live, len(self.scheduler.waiting))
+
+    def _command(self, kind: str, request_id: str, payload) -> None:
+        self._commands.append((kind, request_id, payload))
+        with self._wake:
+            self._wake.notify()
+
+    # ---- engine thread ----
+
+    def start(self) -> None:
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="talker-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop; unfinished requests end `cancelled`."""
+        self._stopping = True
+        with self._wake:
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        for request_id in list(self._requests):
+            self._finish(self._requests[request_id][0], FinishReason.CANCELLED)
+
+    def _loop(self) -> None:
+        if self.runner.device.type == "cuda":
+            torch.cuda.set_device(self.runner.device)  # graphs and streams belong to the thread's current device
+        while not self._stopping:
+            try:
+                did_work = self.step()
+            except Exception as error:
+                # A failed step must end its requests with an error, never leave their streams hanging.
+                _log.exception("talker engine step failed")
+                self._fail_running(error)
+                continue
+            if not did_work:
+                with self._wake:
+                    if not self._commands and not self._stopping:
+                        self._wake.wait(timeout=0.5)
+
+    def step(self) -> bool:
+        """One engine step (commands → plan → prefills → one decode step); False when there was nothing to do."""
+        self._apply_commands()
+        plan = self.scheduler.plan()
+        for request in plan.prefill:
+            self._prefill(request)
+        decode = [r for r in plan.decode if r.status is Status.RUNNING]
+        if decode:
+            texts = [t for r, t in zip(plan.decode, plan.decode_text_ids, strict=True) if r.status is Status.RUNNING]
+            self._decode(decode, texts)
+        return bool(plan.prefill or decode)
+
+    def run_until_idle(self, max_steps: int = 100_000) -> None:
+        """Step until no request can advance (tests, benchmarks; without the thread)."""
+        for _ in range(max_steps):
+            if not self.step() and not self._commands:
+                return
+
+    def _fail_running(self, error: Exception) -> None:
+        """A step raised (device error, out of memory): end every running request with an error."""
+        for request in list(self.scheduler.running.values()):
+            self._finish(request, FinishReason.ERROR, f"talker step failed: {type(error).__name__}: {error}")
+
+    def _apply_commands(self) -> None:
+        while self._commands:
+            kind, request_id, payload = self._commands.popleft()
+            entry = self._requests.get(request_id)
+            if entry is None:
+                continue
+            request, _ = entry
+            if kind == "add":
+                self.scheduler.add(request)
+            elif kind == "consumed":
+                request.buffered_frames -= payload
+            elif kind == "abort":
+                self._finish(request, FinishReason.CANCELLED)
+            elif kind == "text" and not request.voice.text_complete:
+                request.voice.text_ids.extend(payload)
+                if request.prompt is not None and request.prompt.streams_text:
+                    request.prompt.trailing_text_ids.extend(payload)
+            elif kind == "end_text" and not request.voice.text_complete:
+                request.voice.text_complete = True
+                if request.prompt is not None and request.prompt.streams_text:
+                    request.prompt.trailing_text_ids.append(self.model_config.text_ids.tts_eos)
+                    request.prompt.streams_text = False
+                elif request.status is Status.WAITING and not request.voice.text_ids:
+                    self._finish(request, FinishReason.ERROR, "text: no text arrived before end_of_input")
+
+    def _prefill(self, request: TalkerRequest) -> None:
+        self._requests[request.request_id][1].scheduled_at = time.perf_counter()
+        try:
+            voice = request.voice
+            if voice.mode == "voice_clone" and voice.speaker_vector is None:
+                voice.speaker_vector = self.runner.speaker_vector(voice.ref_audio)
+            request.prompt = build_prompt(self.model_config, voice)
+            request.num_prompt_positions = len(request.prompt.positions)
+            if request.num_prompt_positions >= self.config.max_positions:
+                raise PromptError(
+                    f"text: prompt of {request.num_prompt_positions} positions exceeds the limit "
+                    f"of {self.config.max_positions - 1}"
+                )
+            self.runner.set_params(request.slot, request.sampling, request.seed, request.ignore_eos)
+            self.runner.prefill(request.slot, self.runner.embed_prompt(request.prompt, voice))
+        except PromptError as error:
+            self._finish(request, FinishReason.ERROR, str(error))
+
+    def _decode(self, requests: list[TalkerRequest], text_ids: list[int]) -> None:
+        started = time.perf_counter()
+        frames, next_code0 = self.runner.decode([r.slot for r in requests], text_ids, max(r.position for r in requests))
+        frames_np, next_np = frames.numpy().astype(np.int16), next_code0.numpy()
+        eos = self.model_config.codec_ids.eos
+        for index, request in enumerate(requests):
+            _, stream = self._requests[request.request_id]
+            stream.push(frames_np[index])
+            request.num_frames += 1
+            request.buffered_frames += 1
+            if next_np[index] == eos and not request.ignore_eos:
+                self._finish(request, FinishReason.EOS)
+            elif request.num_frames >= request.max_frames or request.position >= self.config.max_positions:
+                self._finish(request, FinishReason.MAX_LENGTH)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        self.stats.steps += 1
+        self.stats.frames += len(requests)
+        self.stats.last_step_ms = elapsed_ms
+        self.stats.step_ms_total += elapsed_ms
+        self.stats.last_batch_size = len(requests)
+
+    def _finish(self, request: TalkerRequest, reason: FinishReason, error: str | None = None) -> None:
+        if request.status is Status.FINISHED:
+            return
+        self.scheduler.finish(request)
+        request.finish_reason, request.error = reason, error
+        _, stream = self._requests.pop(request.request_id)
+        stream.num_text_tokens = len(request.voice.text_ids)
+        stream.finish(reason, error)
+        with self._admit_lock:
+            self._admitted -= 1

@@ -1,0 +1,48 @@
+"""CUDA graphs of the talker decode step (talker token + 15 code-predictor steps + sampling), one per
+(batch bucket, attended-length bucket), captured on first use and replayed after.
+
+The step reads and writes only the runner's static buffers, so a replay needs no argument passing. Warm-up and
+capture run with every row inactive: inactive rows keep their state, and the cache entries they write sit at
+positions that a later real step overwrites before anything attends to them. All graphs share one memory pool;
+they never run concurrently.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class DecodeGraphs:
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.pool = None
+
+    @torch.inference_mode()
+    def capture(self, num_rows: int, attended_length: int) -> None:
+        runner = self.runner
+        saved_active = runner.active.clone()
+        runner.active.zero_()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                runner.decode_compute(num_rows, attended_length)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            runner.decode_compute(num_rows, attended_length)
+        if self.pool is None:
+            self.pool = graph.pool()
+        runner.active.copy_(saved_active)
+        self.graphs[(num_rows, attended_length)] = graph
+
+    def run(self, num_rows: int, attended_length: int) -> None:
+        key = (num_rows, attended_length)
+        if key not in self.graphs:
+            self.capture(num_rows, attended_length)
+        self.graphs[key].replay()
+
+    def release(self) -> None:
+        self.graphs.clear()
+        self.pool = None

@@ -1,0 +1,68 @@
+"""Per-request state of the talker engine (host side, no torch)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the scheduler imports this module and must stay free of torch
+    from chorus.talker.prompt import Prompt, VoiceRequest
+    from chorus.talker.sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # queued for a slot, or for enough text to build the prompt
+    RUNNING = "running"  # holds a slot
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    EOS = "eos"
+    MAX_LENGTH = "max_length"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclasses.dataclass(eq=False)
+class TalkerRequest:
+    request_id: str
+    voice: VoiceRequest
+    sampling: SamplingParams
+    seed: int
+    max_frames: int
+    max_buffered_frames: int
+    ignore_eos: bool = False
+    text_started: bool = False  # caller side: whether target text was tokenized yet
+    status: Status = Status.WAITING
+    slot: int | None = None
+    prompt: Prompt | None = None
+    num_prompt_positions: int = 0
+    num_frames: int = 0  # frames generated (handed to the output)
+    buffered_frames: int = 0  # frames handed out but not yet taken by the consumer
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+    @property
+    def position(self) -> int:
+        """Cache position the next decode step writes."""
+        return self.num_prompt_positions + self.num_frames
+
+    def trailing_text_id(self, pad_id: int) -> int | None:
+        """Text id for the next decode step; `None` while the text it needs has not arrived yet."""
+        trailing = self.prompt.trailing_text_ids
+        if self.num_frames < len(trailing):
+            return trailing[self.num_frames]
+        return None if self.prompt.streams_text else pad_id
+
+    @property
+    def prompt_ready(self) -> bool:
+        """Whether enough text arrived to build the prompt: the streaming layout needs one token, others all."""
+        voice = self.voice
+        if voice.text_complete:
+            return True
+        return bool(voice.text_ids) and not voice.non_streaming_text and voice.ref_codes is None
+
+    @property
+    def output_full(self) -> bool:
+        return self.buffered_frames >= self.max_buffered_frames

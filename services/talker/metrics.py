@@ -1,0 +1,41 @@
+"""Talker metrics, read from the engine's counters at scrape time: steps, step time, frames, batch, queue."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class TalkerCollector(Collector):
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def collect(self):
+        stats, load = self.engine.stats, self.engine.load()
+        yield CounterMetricFamily("chorus_talker_steps", "Decode steps (one frame for every live stream).", stats.steps)
+        yield CounterMetricFamily(
+            "chorus_talker_step_seconds",
+            "Time in decode steps (rate / steps rate = step time).",
+            stats.step_ms_total / 1e3,
+        )
+        yield CounterMetricFamily(
+            "chorus_talker_frames", "Codec frames produced (12.5 per audio second).", stats.frames
+        )
+        yield GaugeMetricFamily("chorus_talker_last_step_seconds", "Latest decode step time.", stats.last_step_ms / 1e3)
+        yield GaugeMetricFamily("chorus_talker_batch_size", "Streams in the latest decode step.", stats.last_batch_size)
+        yield GaugeMetricFamily("chorus_talker_live_streams", "Streams holding a KV-cache slot.", load.live_streams)
+        yield GaugeMetricFamily("chorus_talker_free_slots", "KV-cache slots free.", load.free_slots)
+        yield GaugeMetricFamily(
+            "chorus_talker_queue_depth", "Requests waiting for a slot or for text.", load.queue_depth
+        )
+
+
+def register(engine) -> TalkerCollector:
+    collector = TalkerCollector(engine)
+    REGISTRY.register(collector)
+    return collector
+
+
+def unregister(collector: TalkerCollector) -> None:
+    REGISTRY.unregister(collector)

@@ -1,0 +1,185 @@
+"""Talker prompts for every mode and text layout, position for position as the reference builds them.
+
+A prompt is a list of positions, each the sum of an optional text part `T(id)` and an optional codec part (a
+codec id, the speaker vector, or a reference frame `E(frame)`), plus the text ids fed one per decode step
+afterwards ("trailing text"; the text pad id once they run out).
+
+Layouts (spec §2.3): the head is `[instruct?] + role (3 text ids) + [PAD + K_i ...] + [BOS + C(codec_pad)]` with
+`K` = language tag, optional speaker slot, codec pad; then
+- streaming text: `T(t1) + C(codec_bos)`; trailing = t2..tN, EOS (text may keep arriving);
+- non-streaming text: `T(t_i) + C(codec_pad)` for every token, `EOS + C(codec_pad)`, `PAD + C(codec_bos)`;
+- ICL voice clone: text = ref ‖ target ‖ EOS over codec = codec_bos, E(ref frames), overlaid (streaming) or one
+  after the other (non-streaming).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from chorus.talker.models.qwen3_tts_config import Qwen3TTSConfig
+
+SPEAKER_SLOT = "speaker"
+LANGUAGE_AUTO = "auto"
+
+
+class PromptError(ValueError):
+    """A synthesis request that cannot be turned into a prompt; the message names the field and valid values."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    text_id: int | None = None
+    codec_id: int | None = None
+    speaker: bool = False
+    ref_frame: int | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class VoiceRequest:
+    """What a request asks for, in token ids. `text_ids` are the target text tokens (role and template removed).
+
+    mode: `custom_voice` (named `speaker`), `voice_design` (`instruct_ids`), `voice_clone` (`speaker_vector [H]`
+    or `ref_audio`, plus `ref_text_ids` and `ref_codes [R, 16]` for ICL). `text_complete` False: more text may
+    arrive.
+    """
+
+    mode: str
+    role_ids: list[int]
+    text_ids: list[int]
+    text_complete: bool = True
+    language: str = LANGUAGE_AUTO
+    speaker: str | None = None
+    instruct_ids: list[int] | None = None
+    speaker_vector: torch.Tensor | None = None
+    ref_audio: torch.Tensor | None = None  # 24 kHz mono samples; the x-vector is computed from it when needed
+    ref_text_ids: list[int] | None = None
+    ref_codes: torch.Tensor | None = None
+    non_streaming_text: bool = False
+
+    @property
+    def icl(self) -> bool:
+        return self.mode == "voice_clone" and self.ref_codes is not None
+
+
+@dataclasses.dataclass
+class Prompt:
+    positions: list[Position]
+    trailing_text_ids: list[int]
+    streams_text: bool  # target text still arriving: its ids append to the trailing text, then EOS
+
+
+MODES = ("custom_voice", "voice_design", "voice_clone")
+
+
+def validate(config: Qwen3TTSConfig, request: VoiceRequest) -> None:
+    """Raise `PromptError` naming the field and the valid choices for anything the reference would reject."""
+    if request.mode not in MODES:
+        raise PromptError(f"mode: unknown {request.mode!r}; valid: {', '.join(MODES)}")
+    languages = sorted([LANGUAGE_AUTO, *(name for name in config.language_ids if "dialect" not in name)])
+    if request.language.lower() != LANGUAGE_AUTO and request.language.lower() not in config.language_ids:
+        raise PromptError(f"language: unknown {request.language!r}; valid: {', '.join(languages)}")
+    known_speaker = bool(request.speaker) and request.speaker.lower() in config.speaker_ids
+    if request.mode == "custom_voice" and not known_speaker:
+        valid = ", ".join(sorted(config.speaker_ids)) or "none (this checkpoint has no named speakers)"
+        raise PromptError(f"speaker: unknown {request.speaker!r}; valid: {valid}")
+    if request.mode == "voice_clone":
+        if request.speaker_vector is None and request.ref_audio is None:
+            raise PromptError("ref_audio: voice clone needs a reference voice (audio or speaker embedding)")
+        if request.speaker_vector is not None and request.speaker_vector.shape != (config.talker.hidden_size,):
+            raise PromptError(f"speaker_embedding: must have {config.talker.hidden_size} values")
+        if request.speaker_vector is None and config.speaker_encoder is None:
+            raise PromptError("ref_audio: this checkpoint has no speaker encoder; pass a speaker embedding")
+        if request.ref_codes is not None and not request.ref_text_ids:
+            raise PromptError("ref_text: in-context voice clone needs the reference transcript")
+        if request.ref_codes is not None and (request.ref_codes.ndim != 2 or request.ref_codes.shape[0] == 0):
+            raise PromptError("ref_audio: reference codes must be a non-empty [frames, 16] array")
+    if len(request.role_ids) != 3:
+        raise PromptError("text: the role prefix must be exactly 3 tokens")
+    if request.text_complete and not request.text_ids:
+        raise PromptError("text: must not be empty")
+
+
+def _language_tag(config: Qwen3TTSConfig, request: VoiceRequest) -> list[int]:
+    ids = config.codec_ids
+    language = request.language.lower()
+    language_id = None if language == LANGUAGE_AUTO else config.language_ids[language]
+    if request.mode == "custom_voice" and language in ("chinese", LANGUAGE_AUTO):
+        dialect = config.speaker_dialects.get(request.speaker.lower(), False)
+        if dialect:
+            language_id = config.language_ids[dialect]
+    if language_id is None:
+        return [ids.nothink, ids.think_bos, ids.think_eos]
+    return [ids.think, ids.think_bos, language_id, ids.think_eos]
+
+
+def build_prompt(config: Qwen3TTSConfig, request: VoiceRequest) -> Prompt:
+    """The prompt of a validated request whose text suffices (all of it, or one token for streaming text)."""
+    ids, text = config.codec_ids, config.text_ids
+    positions: list[Position] = []
+    instruct = request.instruct_ids if not (request.mode == "custom_voice" and config.model_size == "0b6") else None
+    positions += [Position(text_id=token) for token in instruct or ()]
+    positions += [Position(text_id=token) for token in request.role_ids]
+    codec_slots: list[Position] = [Position(codec_id=codec) for codec in _language_tag(config, request)]
+    if request.mode == "custom_voice":
+        codec_slots.append(Position(codec_id=config.speaker_ids[request.speaker.lower()]))
+    elif request.mode == "voice_clone":
+        codec_slots.append(Position(speaker=True))
+    codec_slots.append(Position(codec_id=ids.pad))
+    for index, slot in enumerate(codec_slots):
+        text_id = text.tts_bos if index == len(codec_slots) - 1 else text.tts_pad
+        positions.append(dataclasses.replace(slot, text_id=text_id))
+
+    target = list(request.text_ids)
+    if request.icl:
+        return _icl_prompt(config, request, positions, target)
+    if request.non_streaming_text:
+        positions += [Position(text_id=token, codec_id=ids.pad) for token in target]
+        positions.append(Position(text_id=text.tts_eos, codec_id=ids.pad))
+        positions.append(Position(text_id=text.tts_pad, codec_id=ids.bos))
+        return Prompt(positions, [], streams_text=False)
+    positions.append(Position(text_id=target[0], codec_id=ids.bos))
+    trailing = target[1:] + ([text.tts_eos] if request.text_complete else [])
+    return Prompt(positions, trailing, streams_text=not request.text_complete)
+
+
+def _icl_prompt(config: Qwen3TTSConfig, request: VoiceRequest, head: list[Position], target: list[int]) -> Prompt:
+    ids, text = config.codec_ids, config.text_ids
+    text_track = list(request.ref_text_ids) + target + [text.tts_eos]
+    codec_track = [Position(codec_id=ids.bos)] + [Position(ref_frame=i) for i in range(request.ref_codes.shape[0])]
+    if request.non_streaming_text:
+        block = [Position(text_id=token, codec_id=ids.pad) for token in text_track]
+        block += [dataclasses.replace(slot, text_id=text.tts_pad) for slot in codec_track]
+        return Prompt(head + block, [], streams_text=False)
+    overlap = min(len(text_track), len(codec_track))
+    block = [dataclasses.replace(codec_track[i], text_id=text_track[i]) for i in range(overlap)]
+    block += [dataclasses.replace(slot, text_id=text.tts_pad) for slot in codec_track[overlap:]]
+    return Prompt(head + block, text_track[len(codec_track) :], streams_text=False)
+
+
+def embed_prompt(talker, prompt: Prompt, request: VoiceRequest) -> torch.Tensor:
+    """Prefill input `[L, H]` of `prompt` through the talker's embeddings (`talker`: `Qwen3TTSTalker`)."""
+    weight = talker.model.codec_embedding.weight
+    device, dtype = weight.device, weight.dtype
+    embeds = torch.zeros(len(prompt.positions), weight.shape[1], device=device, dtype=dtype)
+
+    def add(indices: list[int], parts: torch.Tensor) -> None:
+        if indices:
+            embeds[indices] = embeds[indices] + parts
+
+    def id_tensor(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, device=device, dtype=torch.long)
+
+    text_at = [i for i, p in enumerate(prompt.positions) if p.text_id is not None]
+    codec_at = [i for i, p in enumerate(prompt.positions) if p.codec_id is not None]
+    frame_at = [i for i, p in enumerate(prompt.positions) if p.ref_frame is not None]
+    speaker_at = [i for i, p in enumerate(prompt.positions) if p.speaker]
+    add(text_at, talker.embed_text(id_tensor([prompt.positions[i].text_id for i in text_at])))
+    add(codec_at, talker.embed_codec(id_tensor([prompt.positions[i].codec_id for i in codec_at])))
+    if frame_at:
+        codes = request.ref_codes.to(device=device, dtype=torch.long)
+        add(frame_at, talker.embed_frame(codes[[prompt.positions[i].ref_frame for i in frame_at]]))
+    if speaker_at:
+        add(speaker_at, request.speaker_vector.to(device=device, dtype=dtype).view(1, -1))
+    return embeds

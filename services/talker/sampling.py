@@ -1,0 +1,130 @@
+"""Device-side sampling with per-row parameters, in the reference's order (transformers 4.57 logits processors).
+
+Codebook 0: repetition penalty over the row's generated codebook-0 ids → EOS banned before `min_frames` →
+control ids suppressed except EOS → (sampling rows) temperature → top-k (ties kept) → top-p. Codebooks 1..15:
+temperature → top-k → top-p only. Greedy rows take the first argmax.
+
+Random draws come from a counter-based hash of (seed, frame, codebook, vocabulary id) turned into Gumbel noise,
+so a row's draws depend only on its own seed and position: the same audio alone or in any batch, no generator
+state to carry, and nothing that breaks CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclasses.dataclass
+class RowParams:
+    """Per-row sampling parameters as device tensors `[B]` (one row per live request)."""
+
+    do_sample: torch.Tensor  # bool
+    temperature: torch.Tensor  # float
+    top_k: torch.Tensor  # int64, 0 = off
+    top_p: torch.Tensor  # float, 1.0 = off
+    seed: torch.Tensor  # int64
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    # Multipliers below 2**31 keep every product inside int64 without wrap-around.
+    x = x & _MASK32
+    x = ((x ^ (x >> 16)) * 0x7FEB352D) & _MASK32
+    x = ((x ^ (x >> 15)) * 0x346CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def gumbel_noise(seed: torch.Tensor, frame: torch.Tensor, codebook: int, vocab_size: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise `[B, vocab_size]` determined by `seed [B]`, `frame [B]` and `codebook` alone."""
+    row = _hash32(_hash32(_hash32(seed) ^ (seed >> 32)) ^ (frame * 16 + codebook))
+    ids = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)
+    bits = _hash32(row[:, None] ^ (ids[None, :] * 0x9E3779B1 & _MASK32)) >> 8
+    uniform = (bits.float() + 0.5) / float(1 << 24)
+    return -torch.log(-torch.log(uniform))
+
+
+def penalize_and_suppress(
+    logits: torch.Tensor,
+    generated_mask: torch.Tensor,
+    num_generated: torch.Tensor,
+    repetition_penalty: torch.Tensor,
+    min_frames: torch.Tensor,
+    eos_id: int,
+    first_control_id: int,
+) -> torch.Tensor:
+    """Codebook-0 scores `[B, V]` (fp32) before temperature / top-k / top-p.
+
+    `generated_mask [B, V]`: ids the row generated so far; `num_generated [B]`; `repetition_penalty [B]`;
+    `min_frames [B]`: EOS is banned while fewer ids were generated (2 in the reference; huge to ignore EOS).
+    """
+    scores = logits.float()
+    penalty = repetition_penalty[:, None]
+    penalized = torch.where(scores < 0, scores * penalty, scores / penalty)
+    scores = torch.where(generated_mask, penalized, scores)
+    vocab = torch.arange(scores.shape[-1], device=scores.device)
+    banned = (vocab >= first_control_id) & (vocab != eos_id)
+    scores = scores.masked_fill(banned[None, :], float("-inf"))
+    too_early = (num_generated < min_frames)[:, None] & (vocab == eos_id)[None, :]
+    return scores.masked_fill(too_early, float("-inf"))
+
+
+def warp(scores: torch.Tensor, params: RowParams) -> torch.Tensor:
+    """Temperature → top-k → top-p on `scores [B, V]` for sampling rows; greedy rows pass through unchanged."""
+    warped = scores / params.temperature[:, None]
+    vocab_size = scores.shape[-1]
+    sorted_desc = warped.sort(dim=-1, descending=True).values
+    k = torch.where(params.top_k > 0, params.top_k.clamp(max=vocab_size), vocab_size)
+    kth = sorted_desc.gather(-1, (k - 1)[:, None])
+    warped = warped.masked_fill(warped < kth, float("-inf"))
+    sorted_asc, order = warped.sort(dim=-1)
+    cumulative = sorted_asc.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = cumulative <= (1 - params.top_p)[:, None]
+    remove_sorted[:, -1] = False
+    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+    warped = warped.masked_fill(remove, float("-inf"))
+    return torch.where(params.do_sample[:, None], warped, scores)
+
+
+def choose(scores: torch.Tensor, params: RowParams, frame: torch.Tensor, codebook: int) -> torch.Tensor:
+    """Pick ids `[B]` from warped `scores [B, V]`: argmax for greedy rows, Gumbel-max draw for sampling rows."""
+    noise = gumbel_noise(params.seed, frame, codebook, scores.shape[-1])
+    drawn = (scores + noise).argmax(dim=-1)
+    return torch.where(params.do_sample, drawn, scores.argmax(dim=-1))
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Host-side sampling settings of one request; defaults are the released `generation_config.json`."""
+
+    do_sample: bool = True
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+    repetition_penalty: float = 1.05
+    subtalker_do_sample: bool = True
+    subtalker_temperature: float = 0.9
+    subtalker_top_k: int = 50
+    subtalker_top_p: float = 1.0
+    seed: int | None = None
+
+    def validate(self) -> None:
+        """Raise `ValueError` naming the first bad field."""
+        for name in ("temperature", "subtalker_temperature", "repetition_penalty"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        for name in ("top_p", "subtalker_top_p"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name}: must be in (0, 1], got {getattr(self, name)}")
+        for name in ("top_k", "subtalker_top_k"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0 (0 = off), got {getattr(self, name)}")
+
+    @classmethod
+    def from_generation_config(cls, values: dict) -> SamplingParams:
+        """Defaults from a checkpoint's `generation_config.json` (missing keys keep the released values)."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        renamed = {key.replace("subtalker_dosample", "subtalker_do_sample"): value for key, value in values.items()}
+        return cls(**{key: value for key, value in renamed.items() if key in names and key != "seed"})

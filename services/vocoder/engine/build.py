@@ -1,0 +1,57 @@
+"""Builds the running engine from the service config: load the codec, size the state pool, capture graphs."""
+
+from __future__ import annotations
+
+import torch
+
+from chorus.vocoder.config import VocoderConfig
+from chorus.vocoder.engine.engine import DecodeEngine, EngineSettings
+from chorus.vocoder.engine.runner import CodecRunner
+from chorus.vocoder.loader import load_codec
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """`auto` is float32: the decoder's SnakeBeta stack is where bf16 audibly loses precision."""
+    if name == "auto":
+        return torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"dtype: expected one of auto, {', '.join(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
+
+
+def graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
+    """Powers of two up to the largest batch, which is always included."""
+    sizes = {1 << i for i in range(max_batch_size.bit_length()) if 1 << i <= max_batch_size}
+    return tuple(sorted(sizes | {max_batch_size}))
+
+
+def build_engine(
+    config: VocoderConfig,
+    settings: EngineSettings | None = None,
+    *,
+    graph_chunk_frames: tuple[int, ...] = (1, 25),
+    use_cuda_graphs: bool = True,
+) -> DecodeEngine:
+    """A not-yet-started engine for `config` (call `await engine.start()`). On CUDA, graphs are captured for
+    every (batch bucket, chunk length) in `graph_batch_sizes(settings.max_batch_size)` × `graph_chunk_frames`."""
+    settings = settings or EngineSettings()
+    device = resolve_device(config.device)
+    codec = load_codec(config.model, load_format=config.load_format, device=device, dtype=resolve_dtype(config.dtype))
+    is_graphed = use_cuda_graphs and device.type == "cuda"
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # few distinct conv shapes (graph buckets): autotune each once
+    runner = CodecRunner(
+        codec.decoder,
+        config.max_streams,
+        graph_batch_sizes=graph_batch_sizes(settings.max_batch_size) if is_graphed else (),
+        graph_chunk_frames=graph_chunk_frames if is_graphed else (),
+    )
+    return DecodeEngine(runner, settings, encoder=codec.encoder)

@@ -1,0 +1,323 @@
+"""The vocoder engine: many decode streams, their chunk decodes batched into one forward on a runner thread.
+
+The asyncio side only enqueues and consumes: `DecodeStream.send` queues frames, the engine task groups the
+pending chunks of all streams by length into batches (after a short window), runs each batch off the event
+loop, and hands the audio to each stream's bounded output. A stream's decoder state is freed as soon as it
+finishes, is closed (cancelled) or goes idle past the timeout (abandoned).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from chorus.runtime.errors import InvalidRequest, Overloaded, Unavailable
+from chorus.vocoder.engine.encoding import EncodedAudio, encode_audio_bytes
+from chorus.vocoder.engine.runner import CodecRunner
+from chorus.vocoder.engine.stream import PcmPiece, PendingFrames, StreamRecord, StreamStatus
+from chorus.vocoder.models.codec_encoder import CodecEncoder
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineSettings:
+    max_batch_size: int = 64
+    batch_window_s: float = 0.002  # wait this long after new work so concurrent chunks share a forward
+    max_chunk_frames: int = 25  # longer chunks are decoded in pieces (exact: the state carries over)
+    max_pending_frames: int = 1000  # per stream; `send` waits beyond this
+    max_pending_outputs: int = 8  # per stream; decoding pauses until the reader catches up
+    idle_timeout_s: float = 60.0  # no send and no read for this long: the client is gone
+    max_reference_audio_s: float = 60.0  # longest audio `encode` accepts
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchReport:
+    """One batched chunk decode, for metrics (decode time per chunk, batch size, audio seconds per second)."""
+
+    batch_size: int
+    num_frames: int  # per row
+    decode_s: float  # wall time of the runner call
+    audio_s: float  # audio produced by the whole batch (context frames included)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot for load reports and gauges."""
+
+    live_streams: int
+    free_slots: int
+    queued_streams: int  # live streams with frames waiting to be decoded
+    state_bytes: int  # decoder state held by live streams
+    num_batches: int
+    num_frames_decoded: int
+    decode_s: float  # runner time, summed over batches
+
+
+class DecodeEngine:
+    def __init__(
+        self,
+        runner: CodecRunner,
+        settings: EngineSettings | None = None,
+        encoder: CodecEncoder | None = None,
+        on_batch: Callable[[BatchReport], None] | None = None,
+    ) -> None:
+        """`on_batch` is called on the event loop after every batched decode (metrics hook)."""
+        settings = settings or EngineSettings()
+        self.runner = runner
+        self.encoder = encoder
+        self.settings = settings
+        self.samples_per_frame = runner.decoder.samples_per_frame
+        self._config = runner.decoder.config
+        self._free_slots = collections.deque(range(runner.max_streams))
+        self._streams: dict[int, StreamRecord] = {}
+        self._wakeup = asyncio.Event()
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vocoder-runner")
+        self._task: asyncio.Task | None = None
+        self._is_stopping = False
+        self._on_batch = on_batch
+        self._num_batches = 0
+        self._num_frames_decoded = 0
+        self._decode_s = 0.0
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="vocoder-engine")
+
+    async def stop(self) -> None:
+        for record in list(self._streams.values()):
+            self._release(record, StreamStatus.CANCELLED)
+        if self._task is not None:
+            # A flag, not only cancel(): Python 3.11's wait_for can swallow a cancel that lands as it wakes up.
+            self._is_stopping = True
+            self._wakeup.set()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+        self.runner.close()
+
+    def run_in_runner_thread(self, fn, *args):
+        """Runs `fn(*args)` on the thread that owns the model (e.g. the codec encoder) and awaits it."""
+        return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def encode(self, data: bytes) -> EncodedAudio:
+        """An uploaded audio file → codes (`Vocoder.Encode`), computed on the runner thread.
+        Raises AudioInputError (INVALID_ARGUMENT) for empty, too long or undecodable audio."""
+        encoder = self.encoder
+        if encoder is None:
+            raise Unavailable("vocoder: this process has no codec encoder")
+        max_duration_s = self.settings.max_reference_audio_s
+        return await self.run_in_runner_thread(
+            lambda: encode_audio_bytes(
+                encoder, data, sample_rate_hz=encoder.sample_rate_hz, max_duration_s=max_duration_s
+            )
+        )
+
+    def open_stream(self, request_id: str, context_codes: np.ndarray | None = None) -> DecodeStream:
+        """A new stream; `context_codes` (frames, num_quantizers) prime its state without producing audio.
+        Raises Overloaded when every state slot is taken."""
+        if self._task is None or self._task.done() or self._is_stopping:
+            raise Unavailable("vocoder engine is not running")
+        if context_codes is not None:
+            context_codes = self._check_codes(context_codes, "context_codes")
+        if not self._free_slots:
+            raise Overloaded(f"vocoder: all {self.runner.max_streams} decode streams are busy", retry_after_s=1.0)
+        record = StreamRecord(request_id, self._free_slots.popleft(), self.settings.max_pending_outputs)
+        self._streams[record.slot] = record
+        if context_codes is not None:
+            record.push(context_codes, is_context=True)
+            self._wakeup.set()
+        return DecodeStream(self, record)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            live_streams=len(self._streams),
+            free_slots=len(self._free_slots),
+            queued_streams=sum(1 for record in self._streams.values() if record.segments),
+            state_bytes=len(self._streams) * self.runner.bytes_per_stream,
+            num_batches=self._num_batches,
+            num_frames_decoded=self._num_frames_decoded,
+            decode_s=self._decode_s,
+        )
+
+    def _check_codes(self, codes: np.ndarray, field: str) -> np.ndarray:
+        codes = np.asarray(codes)
+        if codes.ndim != 2 or codes.shape[1] != self._config.num_quantizers:
+            raise InvalidRequest(f"{field}: expected (frames, {self._config.num_quantizers}) codes, got {codes.shape}")
+        if codes.size and (codes.min() < 0 or codes.max() >= self._config.codebook_size):
+            raise InvalidRequest(f"{field}: codes must be in [0, {self._config.codebook_size})")
+        return codes.astype(np.int64, copy=False)
+
+    async def _run(self) -> None:
+        reap_interval_s = max(0.05, min(1.0, self.settings.idle_timeout_s / 4))
+        while not self._is_stopping:
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=reap_interval_s)
+            except TimeoutError:
+                self._reap_idle()
+                continue
+            self._wakeup.clear()
+            if self._is_stopping:
+                break
+            if self.settings.batch_window_s > 0:
+                await asyncio.sleep(self.settings.batch_window_s)
+            self._reap_idle()
+            for batch in self._plan_batches():
+                await self._decode_batch(batch)
+            if any(record.can_schedule() for record in self._streams.values()):
+                self._wakeup.set()
+
+    def _plan_batches(self) -> list[list[tuple[StreamRecord, PendingFrames]]]:
+        """Takes one piece from every schedulable stream and groups pieces of equal length."""
+        by_length: dict[int, list[tuple[StreamRecord, PendingFrames]]] = collections.defaultdict(list)
+        for record in self._streams.values():
+            if record.can_schedule():
+                piece = record.take(self.settings.max_chunk_frames)
+                record.is_in_flight = True
+                by_length[len(piece.codes)].append((record, piece))
+        size = self.settings.max_batch_size
+        return [group[i : i + size] for group in by_length.values() for i in range(0, len(group), size)]
+
+    async def _decode_batch(self, batch: list[tuple[StreamRecord, PendingFrames]]) -> None:
+        slots = [record.slot for record, _ in batch]
+        new_slots = [record.slot for record, _ in batch if not record.is_started]
+        codes = torch.from_numpy(np.stack([piece.codes for _, piece in batch]))
+        started = time.perf_counter()
+        try:
+            waveform = await self.run_in_runner_thread(self.runner.decode, slots, codes, new_slots)
+        except Exception as exc:
+            for record, _ in batch:
+                record.is_in_flight = False
+                record.error = exc
+                self._release(record, StreamStatus.FAILED)
+            return
+        elapsed_s = time.perf_counter() - started
+        num_frames = codes.shape[1]
+        self._num_batches += 1
+        self._num_frames_decoded += len(batch) * num_frames
+        self._decode_s += elapsed_s
+        if self._on_batch is not None:
+            audio_s = len(batch) * num_frames * self.samples_per_frame / self._config.output_sample_rate_hz
+            self._on_batch(BatchReport(len(batch), num_frames, elapsed_s, audio_s))
+        samples = waveform.numpy()
+        for row, (record, piece) in enumerate(batch):
+            record.is_in_flight = False
+            record.is_started = True
+            if record.status is not StreamStatus.OPEN:
+                self._release(record, record.status)  # closed while in flight: its slot waited for this batch
+                continue
+            if not piece.is_context:
+                offset = record.num_frames_decoded * self.samples_per_frame
+                record.outputs.append(PcmPiece(samples[row], offset, num_frames))
+                record.num_frames_decoded += num_frames
+                record.output_ready.set()
+            if record.num_pending_frames < self.settings.max_pending_frames:
+                record.input_room.set()
+            if record.is_drained:
+                self._release(record, StreamStatus.FINISHED)
+
+    def _reap_idle(self) -> None:
+        deadline = time.monotonic() - self.settings.idle_timeout_s
+        for record in list(self._streams.values()):
+            if record.last_activity_s < deadline:
+                self._release(record, StreamStatus.ABANDONED)
+
+    def _release(self, record: StreamRecord, status: StreamStatus) -> None:
+        """Ends the stream (first status wins) and frees its slot once no batch holds it."""
+        if record.status is StreamStatus.OPEN:
+            record.status = status
+            if status is not StreamStatus.FINISHED:
+                record.outputs.clear()
+                record.segments.clear()
+            record.output_ready.set()
+            record.input_room.set()
+        if not record.is_in_flight and self._streams.get(record.slot) is record:
+            del self._streams[record.slot]
+            self._free_slots.append(record.slot)
+
+
+class StreamEnded(Unavailable):
+    """The stream ended before the caller was done with it (abandoned, failed or closed)."""
+
+
+class DecodeStream:
+    """The owner's handle: `send` frames, `end_input`, iterate the `PcmPiece`s, `close` (also on exit of
+    `async with`). Only new frames are sent; the engine keeps the context."""
+
+    def __init__(self, engine: DecodeEngine, record: StreamRecord) -> None:
+        self._engine = engine
+        self._record = record
+
+    @property
+    def request_id(self) -> str:
+        return self._record.request_id
+
+    @property
+    def status(self) -> StreamStatus:
+        return self._record.status
+
+    @property
+    def num_frames_decoded(self) -> int:
+        """Frames whose audio was produced (context frames excluded), for the Final usage."""
+        return self._record.num_frames_decoded
+
+    async def send(self, codes: np.ndarray) -> None:
+        """Queues (frames, num_quantizers) codes; waits while too many frames are pending."""
+        record = self._record
+        checked = self._engine._check_codes(codes, "codes")
+        if record.is_input_done:
+            raise InvalidRequest("codes: sent after end_of_input")
+        while (
+            record.status is StreamStatus.OPEN and record.num_pending_frames >= self._engine.settings.max_pending_frames
+        ):
+            record.input_room.clear()
+            await record.input_room.wait()
+        self._raise_if_ended()
+        record.touch()
+        record.push(checked, is_context=False)
+        self._engine._wakeup.set()
+
+    def end_input(self) -> None:
+        record = self._record
+        record.is_input_done = True
+        record.touch()
+        if record.is_drained:
+            self._engine._release(record, StreamStatus.FINISHED)
+        self._engine._wakeup.set()
+
+    def close(self) -> None:
+        """Cancels the stream if it is still running and frees its state; idempotent."""
+        self._engine._release(self._record, StreamStatus.CANCELLED)
+
+    def __aiter__(self) -> DecodeStream:
+        return self
+
+    async def __anext__(self) -> PcmPiece:
+        record = self._record
+        while True:
+            if record.outputs:
+                record.touch()
+                self._engine._wakeup.set()  # room for more output
+                return record.outputs.popleft()
+            if record.status is StreamStatus.FINISHED:
+                raise StopAsyncIteration
+            self._raise_if_ended()
+            record.output_ready.clear()
+            await record.output_ready.wait()
+
+    def _raise_if_ended(self) -> None:
+        record = self._record
+        if record.status is StreamStatus.OPEN:
+            return
+        if record.status is StreamStatus.FAILED:
+            raise StreamEnded(f"decode stream {record.request_id} failed") from record.error
+        raise StreamEnded(f"decode stream {record.request_id} is {record.status.value}")
+
+    async def __aenter__(self) -> DecodeStream:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        self.close()

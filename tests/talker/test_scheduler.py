@@ -1,0 +1,69 @@
+"""Scheduling policy (pure logic): slot packing, prefill limit, output back-pressure, waiting for text."""
+
+from __future__ import annotations
+
+from chorus.talker.engine.request import Status, TalkerRequest
+from chorus.talker.engine.scheduler import Scheduler
+from chorus.talker.prompt import Prompt, VoiceRequest
+from chorus.talker.sampling import SamplingParams
+
+PAD = 151671
+
+
+def _request(name: str, text_complete: bool = True, text_ids=(5, 6, 7)) -> TalkerRequest:
+    voice = VoiceRequest("voice_design", [1, 2, 3], list(text_ids), text_complete=text_complete)
+    return TalkerRequest(name, voice, SamplingParams(), seed=0, max_frames=10, max_buffered_frames=2)
+
+
+def _admit(scheduler: Scheduler, request: TalkerRequest, trailing=(), streams_text=False) -> None:
+    scheduler.add(request)
+    plan = scheduler.plan()
+    assert request in plan.prefill
+    request.prompt = Prompt([], list(trailing), streams_text)
+
+
+def test_lowest_free_slot_first_and_prefill_limit():
+    scheduler = Scheduler(num_slots=4, max_prefills_per_step=2, pad_text_id=PAD)
+    requests = [_request(str(i)) for i in range(3)]
+    for request in requests:
+        scheduler.add(request)
+    first = scheduler.plan()
+    assert [r.slot for r in first.prefill] == [0, 1] and requests[2].status is Status.WAITING
+    for request in first.prefill:
+        request.prompt = Prompt([], [], False)
+    second = scheduler.plan()
+    assert second.prefill == [requests[2]] and requests[2].slot == 2
+    assert second.decode == requests[:2] and second.decode_text_ids == [PAD, PAD]
+    requests[2].prompt = Prompt([], [], False)
+    scheduler.finish(requests[0])
+    late = _request("late")
+    scheduler.add(late)
+    scheduler.plan()
+    assert late.slot == 0 and scheduler.num_free_slots == 1
+
+
+def test_full_output_pauses_only_that_request():
+    scheduler = Scheduler(num_slots=2, max_prefills_per_step=2, pad_text_id=PAD)
+    slow, fast = _request("slow"), _request("fast")
+    _admit(scheduler, slow)
+    _admit(scheduler, fast)
+    slow.buffered_frames = 2
+    assert scheduler.plan().decode == [fast]
+    slow.buffered_frames = 1
+    assert scheduler.plan().decode == [slow, fast]
+
+
+def test_streaming_text_waits_for_text():
+    scheduler = Scheduler(num_slots=2, max_prefills_per_step=2, pad_text_id=PAD)
+    request = _request("r", text_complete=False, text_ids=())
+    scheduler.add(request)
+    assert scheduler.plan().prefill == [], "no token yet: the prompt cannot be built"
+    request.voice.text_ids.append(9)
+    assert scheduler.plan().prefill == [request]
+    request.prompt = Prompt([], [10], streams_text=True)
+    plan = scheduler.plan()
+    assert plan.decode == [request] and plan.decode_text_ids == [10]
+    request.num_frames = 1
+    assert scheduler.plan().decode == [], "text not arrived: wait rather than invent"
+    request.prompt.streams_text = False
+    assert scheduler.plan().decode_text_ids == [PAD]

@@ -1,0 +1,121 @@
+"""`Talker.Synthesize` / `GetLoad` / `ListVoices` over a real gRPC server on loopback with the tiny talker."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import numpy as np
+import pytest
+
+from chorus.runtime.host import ServiceHost
+from chorus.talker.config import TalkerConfig
+from chorus.talker.service import TalkerService
+from chorus.v1 import common_pb2, talker_pb2, talker_pb2_grpc
+from chorus.wire import chunk_to_codes
+
+GREEDY = talker_pb2.SamplingParams(greedy=True)
+
+
+@pytest.fixture
+async def talker(tmp_path):
+    config = TalkerConfig(
+        device="cpu", metrics_port=-1, max_streams=4, max_queue=2, chunk_frames=4, max_frames=40, grace_s=1.0,
+        cache_dir=str(tmp_path), use_cuda_graphs=False,
+    )  # fmt: skip
+    service = TalkerService(config)
+    host = ServiceHost(config, service)
+    await host.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{host.port}") as channel:
+        yield talker_pb2_grpc.TalkerStub(channel), service
+    await host.stop()
+
+
+def request(**fields) -> talker_pb2.SynthesizeInput:
+    fields = {"text": "Hello there, how are you?", "speaker": "ryan", "language": "english", **fields}
+    return talker_pb2.SynthesizeInput(request=talker_pb2.SynthesisRequest(**fields))
+
+
+async def synthesize(stub, *messages):
+    outputs = [m async for m in stub.Synthesize(iter(messages))]
+    chunks = [m.chunk for m in outputs[:-1]]
+    return chunks, outputs[-1].final
+
+
+async def test_first_chunk_is_one_frame_then_chunks_of_the_configured_size(talker):
+    stub, _ = talker
+    chunks, final = await synthesize(stub, request(seed=5, max_frames=14, ignore_eos=True))
+    assert [c.num_frames for c in chunks] == [1, 4, 4, 4, 1]
+    assert [c.sequence for c in chunks] == [0, 1, 2, 3, 4]
+    assert [c.frame_offset for c in chunks] == [0, 1, 5, 9, 13]
+    assert final.reason == common_pb2.FINISH_REASON_MAX_LENGTH
+    assert final.usage.num_frames == 14 and final.usage.audio_s == pytest.approx(14 * 0.08)
+    assert final.usage.timings.total_ms >= final.usage.timings.first_output_ms > 0
+
+
+async def test_a_seed_gives_the_same_codes_alone_and_beside_other_requests(talker):
+    stub, _ = talker
+    target = request(seed=11, max_frames=12, chunk_frames=3)
+    alone, _ = await synthesize(stub, target)
+    others = [synthesize(stub, request(text=f"Another one number {i}.", seed=i, max_frames=12)) for i in range(3)]
+    together = await asyncio.gather(synthesize(stub, target), *others)
+    codes_alone = np.concatenate([chunk_to_codes(c) for c in alone])
+    codes_together = np.concatenate([chunk_to_codes(c) for c in together[0][0]])
+    np.testing.assert_array_equal(codes_together, codes_alone)
+    assert codes_alone.shape[1] == 16 and codes_alone.min() >= 0 and codes_alone.max() < 2048
+
+
+async def test_streaming_text_deltas_match_the_whole_text(talker):
+    stub, _ = talker
+    whole, _ = await synthesize(stub, request(text="Hello there, how are you?", sampling=GREEDY, max_frames=10,
+                                              streaming_text=True))  # fmt: skip
+    deltas, _ = await synthesize(
+        stub,
+        request(text="Hello", sampling=GREEDY, max_frames=10, streaming_text=True),
+        talker_pb2.SynthesizeInput(text_delta=" there,"),
+        talker_pb2.SynthesizeInput(text_delta=" how are you?"),
+        talker_pb2.SynthesizeInput(end_of_input=True),
+    )
+    np.testing.assert_array_equal(
+        np.concatenate([chunk_to_codes(c) for c in deltas]), np.concatenate([chunk_to_codes(c) for c in whole])
+    )
+
+
+@pytest.mark.parametrize(
+    ("message", "detail"),
+    [
+        (request(speaker="nobody"), "speaker"),
+        (request(language="klingon"), "language"),
+        (request(max_frames=100000), "max_frames"),
+        (request(sampling=talker_pb2.SamplingParams(top_p=1.5)), "top_p"),
+        (request(task_type=talker_pb2.TASK_TYPE_VOICE_CLONE), "ref_audio"),
+        (talker_pb2.SynthesizeInput(text_delta="hi"), "the first message must be `request`"),
+    ],
+)
+async def test_bad_requests_get_invalid_argument_naming_the_field(talker, message, detail):
+    stub, _ = talker
+    with pytest.raises(grpc.aio.AioRpcError) as failure:
+        await synthesize(stub, message)
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert detail in failure.value.details()
+
+
+async def test_cancelling_the_call_frees_the_slot(talker):
+    stub, _ = talker
+    call = stub.Synthesize(iter([request(max_frames=40, ignore_eos=True, chunk_frames=1)]))
+    assert (await call.read()).chunk.num_frames == 1
+    assert (await stub.GetLoad(common_pb2.GetLoadRequest())).live_streams == 1
+    call.cancel()
+    for _ in range(200):
+        load = await stub.GetLoad(common_pb2.GetLoadRequest())
+        if load.live_streams == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert load.live_streams == 0 and load.free_slots == 4
+
+
+async def test_list_voices_reports_the_checkpoint(talker):
+    stub, _ = talker
+    voices = await stub.ListVoices(talker_pb2.ListVoicesRequest())
+    assert "ryan" in voices.speakers and "english" in voices.languages
+    assert talker_pb2.TASK_TYPE_CUSTOM_VOICE in voices.task_types

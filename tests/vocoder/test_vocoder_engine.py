@@ -1,0 +1,137 @@
+"""The decode engine: concurrent streams batched into shared forwards, exact audio, and state freed on
+finish, cancel and abandon."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+from vocoder_helpers import random_codes
+
+from chorus.runtime.errors import InvalidRequest, Overloaded, Unavailable
+from chorus.vocoder.engine.engine import BatchReport, DecodeEngine, EngineSettings, StreamEnded
+from chorus.vocoder.engine.runner import CodecRunner
+from chorus.vocoder.engine.stream import StreamStatus
+
+
+@pytest.fixture
+async def engine(tiny_codec):
+    reports: list[BatchReport] = []
+    engine = DecodeEngine(
+        CodecRunner(tiny_codec.decoder, max_streams=4),
+        EngineSettings(max_batch_size=3, batch_window_s=0.005, idle_timeout_s=0.3),
+        on_batch=reports.append,
+    )
+    engine.reports = reports
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+def _one_shot(decoder, codes: torch.Tensor) -> np.ndarray:
+    with torch.inference_mode():
+        waveform, _ = decoder(codes, decoder.new_state(1))
+    return waveform[0].numpy()
+
+
+async def _run_stream(engine, codes: torch.Tensor, chunk_sizes: list[int], context: torch.Tensor | None = None):
+    async with engine.open_stream("r", None if context is None else context[0].numpy()) as stream:
+
+        async def produce():
+            start = 0
+            for size in chunk_sizes:
+                await stream.send(codes[0, start : start + size].numpy())
+                start += size
+                await asyncio.sleep(0)
+            stream.end_input()
+
+        producer = asyncio.create_task(produce())
+        pieces = [piece async for piece in stream]
+        await producer
+    offsets = [piece.sample_offset for piece in pieces]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+    return np.concatenate([piece.waveform for piece in pieces]), stream.status
+
+
+async def test_concurrent_streams_are_batched_and_exact(engine, tiny_codec):
+    decoder = tiny_codec.decoder
+    streams = [random_codes(n, seed=200 + n) for n in (51, 30, 76)]
+    patterns = [[1, 25, 25], [1, 4, 25], [1] + [25] * 3]
+    results = await asyncio.gather(*(_run_stream(engine, c, p) for c, p in zip(streams, patterns, strict=True)))
+    for codes, (waveform, status) in zip(streams, results, strict=True):
+        assert status is StreamStatus.FINISHED
+        assert np.abs(waveform - _one_shot(decoder, codes)).max() <= 1e-5
+    stats = engine.stats()
+    assert stats.num_frames_decoded == 51 + 30 + 76
+    assert stats.num_batches == len(engine.reports) < sum(len(p) for p in patterns), "no forward was shared"
+    assert max(report.batch_size for report in engine.reports) > 1
+    assert sum(report.audio_s for report in engine.reports) == pytest.approx((51 + 30 + 76) * 0.08)
+    assert stats.live_streams == 0 and stats.state_bytes == 0 and stats.free_slots == 4
+
+
+async def test_context_codes_prime_without_output(engine, tiny_codec):
+    context, generated = random_codes(40, seed=1), random_codes(30, seed=2)
+    waveform, _ = await _run_stream(engine, generated, [1, 29], context=context)
+    expected = _one_shot(tiny_codec.decoder, torch.cat([context, generated], dim=1))[40 * 1920 :]
+    assert waveform.shape == expected.shape
+    assert np.abs(waveform - expected).max() <= 1e-5
+
+
+async def test_state_freed_after_finish_cancel_and_abandon(engine):
+    finished = engine.open_stream("finished")
+    await finished.send(random_codes(3, seed=1)[0].numpy())
+    finished.end_input()
+    assert [p.num_frames async for p in finished] == [3]
+
+    cancelled = engine.open_stream("cancelled")
+    await cancelled.send(random_codes(60, seed=2)[0].numpy())
+    assert (engine.stats().live_streams, engine.stats().queued_streams) == (1, 1)
+    cancelled.close()
+
+    abandoned = engine.open_stream("abandoned")  # the client vanished: nobody sends, nobody reads
+    await abandoned.send(random_codes(5, seed=3)[0].numpy())
+    assert engine.stats().state_bytes == engine.runner.bytes_per_stream > 0
+    for _ in range(100):
+        if engine.stats().live_streams == 0:
+            break
+        await asyncio.sleep(0.02)
+    stats = engine.stats()
+    assert (stats.live_streams, stats.state_bytes, stats.free_slots) == (0, 0, 4)
+    assert (finished.status, cancelled.status, abandoned.status) == (
+        StreamStatus.FINISHED,
+        StreamStatus.CANCELLED,
+        StreamStatus.ABANDONED,
+    )
+    with pytest.raises(StreamEnded, match="abandoned"):
+        await abandoned.send(random_codes(1, seed=4)[0].numpy())
+
+
+async def test_overload_and_bad_codes_are_refused(engine):
+    streams = [engine.open_stream(f"s{i}") for i in range(4)]
+    with pytest.raises(Overloaded):
+        engine.open_stream("one too many")
+    with pytest.raises(InvalidRequest, match=r"codes: expected \(frames, 16\)"):
+        await streams[0].send(np.zeros((2, 8), dtype=np.int64))
+    with pytest.raises(InvalidRequest, match=r"codes: codes must be in \[0, 2048\)"):
+        await streams[0].send(np.full((2, 16), 2048, dtype=np.int64))
+    streams[3].close()
+    with pytest.raises(InvalidRequest, match="context_codes: expected"):
+        engine.open_stream("bad context", context_codes=np.zeros((3, 15), dtype=np.int64))
+    assert engine.stats().free_slots == 1, "a refused open must not keep a slot"
+    for stream in streams:
+        stream.close()
+    assert engine.stats().live_streams == 0
+
+
+async def test_stop_right_after_a_read_returns(tiny_codec):
+    """The read wakes the engine task as stop() lands; stopping must still finish (no lost cancellation)."""
+    engine = DecodeEngine(CodecRunner(tiny_codec.decoder, max_streams=1))
+    await engine.start()
+    async with engine.open_stream("last") as stream:
+        await stream.send(random_codes(1, seed=9)[0].numpy())
+        await anext(stream)
+    await asyncio.wait_for(engine.stop(), timeout=10)
+    with pytest.raises(Unavailable):
+        engine.open_stream("after stop")
