@@ -14,17 +14,15 @@ import argparse
 import json
 import os
 import platform
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from chorus.bench_png import write_grouped_bars
 from chorus.talker.engine.engine import FRAME_RATE_HZ, EngineConfig, TalkerEngine
 from chorus.talker.loader import build_talker
 from chorus.talker.sampling import SamplingParams
@@ -113,28 +111,6 @@ def measure_reference(script: Path) -> dict:
         return json.loads((Path(out) / "talker_baseline.json").read_text())
 
 
-def _write_png(path: Path, pairs: list[tuple[float, float]]) -> None:
-    """Grouped bars without a plotting library: per batch size, ours (blue) and reference-style (grey)."""
-    height, bar_width, gap = 240, 30, 24
-    width = gap + len(pairs) * (2 * bar_width + gap)
-    image = np.full((height, width, 3), 255, dtype=np.uint8)
-    top = max(max(pair) for pair in pairs) or 1.0
-    for group, pair in enumerate(pairs):
-        for index, (value, color) in enumerate(zip(pair, ((40, 90, 200), (150, 150, 150)), strict=True)):
-            left = gap + group * (2 * bar_width + gap) + index * bar_width
-            bar_height = int((height - 20) * value / top)
-            image[height - 10 - bar_height : height - 10, left : left + bar_width - 2] = color
-    raw = b"".join(b"\x00" + row.tobytes() for row in image)
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
-    )
-
-
 def _commit() -> str:
     completed = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     return completed.stdout.strip() or "unknown"
@@ -178,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (args.out / f"talker-{stamp}.json").write_text(json.dumps(report, indent=2))
     pairs = [(row["audio_s_per_s"], reference.get(f"eager_b{row['batch_size']}_audio_s_per_s", 0.0)) for row in ours]
-    _write_png(args.out / f"talker-{stamp}.png", pairs)
+    write_grouped_bars(args.out / f"talker-{stamp}.png", pairs)
     print(json.dumps(report, indent=2))
     print(f"wrote {args.out / f'talker-{stamp}.json'} and .png")
     return report

@@ -17,15 +17,14 @@ import asyncio
 import json
 import platform
 import statistics
-import struct
 import subprocess
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from chorus.bench_png import write_grouped_bars
 from chorus.vocoder.engine.engine import DecodeEngine, EngineSettings
 from chorus.vocoder.engine.runner import CodecRunner
 from chorus.vocoder.loader import RELEASED_CONFIG, load_codec
@@ -105,28 +104,6 @@ def _one_shot_audio_s_per_s(decoder, num_streams: int, num_frames: int) -> float
     run()
     _sync(device)
     return num_streams * num_frames * decoder.samples_per_frame / 24000 / (time.perf_counter() - began)
-
-
-def _write_png(path: Path, groups: list[tuple[float, float]]) -> None:
-    """Grouped bars without a plotting library: per stream count, streamed (blue) and one-shot (grey)."""
-    height, bar_w, gap = 240, 30, 24
-    width = gap + len(groups) * (2 * bar_w + gap)
-    image = np.full((height, width, 3), 255, dtype=np.uint8)
-    top = max(max(pair) for pair in groups) or 1.0
-    for i, pair in enumerate(groups):
-        for j, (value, color) in enumerate(zip(pair, ((40, 90, 200), (150, 150, 150)), strict=True)):
-            x = gap + i * (2 * bar_w + gap) + j * bar_w
-            bar_h = int((height - 20) * value / top)
-            image[height - 10 - bar_h : height - 10, x : x + bar_w - 2] = color
-    raw = b"".join(b"\x00" + row.tobytes() for row in image)
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
-    )
 
 
 _PRECISIONS = {  # name: (decoder dtype, TF32 allowed in matmuls and convs)
@@ -240,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
         for result in results["precisions"].values()
         for row in result["streams"].values()
     ]
-    _write_png(out / f"vocoder-{stamp}.png", pairs)
+    write_grouped_bars(out / f"vocoder-{stamp}.png", pairs)
     print(f"wrote {out / f'vocoder-{stamp}.json'} and .png")
     return results
 
