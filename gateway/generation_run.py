@@ -19,11 +19,12 @@ from chorus.gateway.backends import BackendPool
 from chorus.gateway.batch_window import BatchWindow
 from chorus.gateway.journaled_run import JournaledRun
 from chorus.gateway.metrics import REAL_TIME_FACTOR, TIME_TO_FIRST_AUDIO_S
-from chorus.gateway.speech_pipeline import check_final, pcm_samples, upstream_error
+from chorus.gateway.speech_pipeline import check_final, upstream_error
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import RequestStore
 from chorus.runtime.errors import Unavailable
 from chorus.v1 import common_pb2, diffusion_pb2
+from chorus.wire import chunk_to_pcm
 
 
 class GenerationRun(JournaledRun):
@@ -57,7 +58,7 @@ class GenerationRun(JournaledRun):
                 if kind == "progress":
                     await self.requests.set_progress(self.request_id, output.progress.step, output.progress.num_steps)
                 elif kind == "audio":
-                    samples = pcm_samples(output.audio.pcm)
+                    samples = chunk_to_pcm(output.audio.pcm)
                     if encoder is None:
                         sample_rate_hz = output.audio.pcm.sample_rate_hz
                         encoder = StreamingEncoder(self.response_format, sample_rate_hz, samples.shape[1])

@@ -16,19 +16,10 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
-import numpy as np
 
 from chorus.runtime.errors import ChorusError, InvalidRequest, Unavailable
 from chorus.runtime.logs import REQUEST_ID_HEADER
 from chorus.v1 import common_pb2, talker_pb2, talker_pb2_grpc, vocoder_pb2, vocoder_pb2_grpc
-
-_NUMPY_FORMATS = {common_pb2.SAMPLE_FORMAT_PCM_F32LE: "<f4", common_pb2.SAMPLE_FORMAT_PCM_S16LE: "<i2"}
-
-
-def pcm_samples(chunk: common_pb2.PcmChunk) -> np.ndarray:
-    """(num_samples, num_channels) float32 or int16 samples of a PcmChunk."""
-    dtype = _NUMPY_FORMATS.get(chunk.format, "<i2")  # PCM_S16LE is the contract's default
-    return np.frombuffer(chunk.data, dtype=dtype).reshape(-1, max(1, chunk.num_channels))
 
 
 def check_final(final: common_pb2.Final, backend: str) -> None:

@@ -14,10 +14,10 @@ from chorus.gateway.journaled_run import JournaledRun
 from chorus.gateway.metrics import REAL_TIME_FACTOR, TIME_TO_FIRST_AUDIO_S
 from chorus.gateway.ordered import ordered_concurrent
 from chorus.gateway.segmenter import split_segments
-from chorus.gateway.speech_pipeline import pcm_samples
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import RequestStore
 from chorus.v1 import common_pb2, talker_pb2
+from chorus.wire import chunk_to_pcm
 
 _DEFAULT_RATE_HZ = 24_000  # Qwen3-TTS output rate, for the header of an empty result
 
@@ -67,7 +67,7 @@ class SpeechRun(JournaledRun):
         chunks = ordered_concurrent(self.segments, self.source, self.max_concurrent_segments)
         try:
             async for pcm in chunks:
-                samples = pcm_samples(pcm)
+                samples = chunk_to_pcm(pcm)
                 if encoder is None:
                     sample_rate_hz = pcm.sample_rate_hz
                     encoder = StreamingEncoder(self.response_format, sample_rate_hz, samples.shape[1], self.speed)

@@ -133,8 +133,9 @@ class VocoderService(Service):
             max_reference_audio_s=config.max_reference_audio_s,
         )
         # Loading (and graph capture) runs off the loop so health keeps answering NOT_SERVING meanwhile.
-        engine = await asyncio.to_thread(build_engine, config, settings, use_cuda_graphs=config.use_cuda_graphs)
-        engine._on_batch = _record_batch
+        engine = await asyncio.to_thread(
+            build_engine, config, settings, use_cuda_graphs=config.use_cuda_graphs, on_batch=_record_batch
+        )
         await engine.start()
         metrics.LIVE_STREAMS.set_function(lambda: engine.stats().live_streams)
         metrics.STATE_BYTES.set_function(lambda: engine.stats().state_bytes)
