@@ -77,6 +77,7 @@ def speech_request(message: gateway_pb2.SpeakRequest) -> SpeechRequest:
         "x_vector_only": message.x_vector_only,
         "seed": message.seed if message.HasField("seed") else None,
         "max_frames": message.max_frames or None,
+        "ignore_eos": message.ignore_eos,
     }
     if message.HasField("sampling"):
         sampling = {"greedy": message.sampling.greedy}

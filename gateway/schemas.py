@@ -57,6 +57,7 @@ class SpeechRequest(BaseModel):
     seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
     sampling: SamplingParams | None = None
     max_frames: Annotated[int, Field(ge=1, le=1 << 20)] | None = None
+    ignore_eos: bool = Field(False, description="Benchmarks: every segment runs to `max_frames` whatever its EOS.")
 
     def check_limits(self, max_input_chars: int) -> None:
         if not self.input.strip():
@@ -67,6 +68,8 @@ class SpeechRequest(BaseModel):
             raise InvalidParam("x_vector_only", "needs ref_audio")
         if self.ref_text is not None and self.ref_audio is None:
             raise InvalidParam("ref_text", "needs ref_audio")
+        if self.ignore_eos and self.max_frames is None:
+            raise InvalidParam("ignore_eos", "needs max_frames")
 
 
 class GenerationRequest(BaseModel):

@@ -24,6 +24,7 @@ def synthesis_request(body: SpeechRequest, voice_clone: talker_pb2.VoiceClone | 
         instructions=body.instructions or "",
         seed=body.seed,
         max_frames=body.max_frames or 0,
+        ignore_eos=body.ignore_eos,
     )
     if voice_clone is not None:
         request.voice_clone.CopyFrom(voice_clone)

@@ -42,7 +42,7 @@ REQUEST_STATE_FAILED: RequestState
 REQUEST_STATE_CANCELLED: RequestState
 
 class SpeakRequest(_message.Message):
-    __slots__ = ("model", "input", "voice", "instructions", "response_format", "speed", "language", "task_type", "ref_audio", "ref_text", "x_vector_only", "sampling", "seed", "max_frames", "idempotency_key")
+    __slots__ = ("model", "input", "voice", "instructions", "response_format", "speed", "language", "task_type", "ref_audio", "ref_text", "x_vector_only", "sampling", "seed", "max_frames", "idempotency_key", "ignore_eos")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     VOICE_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class SpeakRequest(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     MAX_FRAMES_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     model: str
     input: str
     voice: str
@@ -73,7 +74,8 @@ class SpeakRequest(_message.Message):
     seed: int
     max_frames: int
     idempotency_key: str
-    def __init__(self, model: _Optional[str] = ..., input: _Optional[str] = ..., voice: _Optional[str] = ..., instructions: _Optional[str] = ..., response_format: _Optional[_Union[AudioFormat, str]] = ..., speed: _Optional[float] = ..., language: _Optional[str] = ..., task_type: _Optional[_Union[_talker_pb2.TaskType, str]] = ..., ref_audio: _Optional[bytes] = ..., ref_text: _Optional[str] = ..., x_vector_only: bool = ..., sampling: _Optional[_Union[_talker_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., max_frames: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    ignore_eos: bool
+    def __init__(self, model: _Optional[str] = ..., input: _Optional[str] = ..., voice: _Optional[str] = ..., instructions: _Optional[str] = ..., response_format: _Optional[_Union[AudioFormat, str]] = ..., speed: _Optional[float] = ..., language: _Optional[str] = ..., task_type: _Optional[_Union[_talker_pb2.TaskType, str]] = ..., ref_audio: _Optional[bytes] = ..., ref_text: _Optional[str] = ..., x_vector_only: bool = ..., sampling: _Optional[_Union[_talker_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., max_frames: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., ignore_eos: bool = ...) -> None: ...
 
 class SpeakInput(_message.Message):
     __slots__ = ("request", "text_delta", "end_of_input")
