@@ -85,6 +85,7 @@ def measure_ours(args: argparse.Namespace, device: torch.device, dtype: torch.dt
             max_buffered_frames=args.frames,
             max_prefills_per_step=batch_size,
             use_cuda_graphs=not args.eager,
+            compile_step=not args.no_compile,
         )
         engine = TalkerEngine(loaded, config)
         if device.type == "cuda":
@@ -112,6 +113,8 @@ def measure_reference(script: Path) -> dict:
 
 
 def _commit() -> str:
+    if os.environ.get("CHORUS_COMMIT"):
+        return os.environ["CHORUS_COMMIT"]
     completed = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     return completed.stdout.strip() or "unknown"
 
@@ -124,6 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-sizes", default="1,16,64", type=lambda text: [int(v) for v in text.split(",")])
     parser.add_argument("--frames", type=int, default=125, help="frames per request (EOS ignored)")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--no-compile", action="store_true", help="no torch.compile of the decode step")
     parser.add_argument("--reference-script", type=Path, default=BASELINE_SCRIPT)
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
@@ -140,6 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
             "dtype": args.dtype,
             "frames_per_request": args.frames,
             "cuda_graphs": not args.eager and device.type == "cuda",
+            "compiled_step": not args.no_compile and device.type == "cuda",
             "weights": "dummy (random)",
         },
         "ours": ours,

@@ -41,7 +41,8 @@ def gumbel_noise(seed: torch.Tensor, frame: torch.Tensor, codebook: int, vocab_s
     """Gumbel(0, 1) noise `[B, vocab_size]` determined by `seed [B]`, `frame [B]` and `codebook` alone."""
     row = _hash32(_hash32(_hash32(seed) ^ (seed >> 32)) ^ (frame * 16 + codebook))
     ids = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)
-    bits = _hash32(row[:, None] ^ (ids[None, :] * 0x9E3779B1 & _MASK32)) >> 8
+    # The row key is already avalanche-mixed, so xor-ing the id in and hashing again decorrelates neighbours.
+    bits = _hash32(row[:, None] ^ ids[None, :]) >> 8
     uniform = (bits.float() + 0.5) / float(1 << 24)
     return -torch.log(-torch.log(uniform))
 
@@ -72,20 +73,24 @@ def penalize_and_suppress(
 
 
 def warp(scores: torch.Tensor, params: RowParams) -> torch.Tensor:
-    """Temperature → top-k → top-p on `scores [B, V]` for sampling rows; greedy rows pass through unchanged."""
+    """Temperature → top-k → top-p on `scores [B, V]` for sampling rows; greedy rows pass through unchanged.
+
+    One descending sort serves both filters (sorting is the costly part of a decode step's sampling): top-k keeps
+    values ≥ the k-th largest (ties kept); top-p drops a token when the probability mass of it and every smaller
+    token — the reference's ascending cumulative sum, summed in the same order — is ≤ 1 - top_p, never the top one.
+    """
     warped = scores / params.temperature[:, None]
     vocab_size = scores.shape[-1]
-    sorted_desc = warped.sort(dim=-1, descending=True).values
+    sorted_desc, order = warped.sort(dim=-1, descending=True)
     k = torch.where(params.top_k > 0, params.top_k.clamp(max=vocab_size), vocab_size)
     kth = sorted_desc.gather(-1, (k - 1)[:, None])
-    warped = warped.masked_fill(warped < kth, float("-inf"))
-    sorted_asc, order = warped.sort(dim=-1)
-    cumulative = sorted_asc.softmax(dim=-1).cumsum(dim=-1)
-    remove_sorted = cumulative <= (1 - params.top_p)[:, None]
-    remove_sorted[:, -1] = False
-    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
-    warped = warped.masked_fill(remove, float("-inf"))
-    return torch.where(params.do_sample[:, None], warped, scores)
+    in_top_k = sorted_desc >= kth
+    probs = sorted_desc.masked_fill(~in_top_k, float("-inf")).softmax(dim=-1)
+    mass_at_or_below = probs.flip(-1).cumsum(dim=-1).flip(-1)
+    keep_sorted = in_top_k & (mass_at_or_below > (1 - params.top_p)[:, None])
+    keep_sorted[:, 0] = True
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return torch.where(params.do_sample[:, None], warped.masked_fill(~keep, float("-inf")), scores)
 
 
 def choose(scores: torch.Tensor, params: RowParams, frame: torch.Tensor, codebook: int) -> torch.Tensor:
@@ -93,6 +98,28 @@ def choose(scores: torch.Tensor, params: RowParams, frame: torch.Tensor, codeboo
     noise = gumbel_noise(params.seed, frame, codebook, scores.shape[-1])
     drawn = (scores + noise).argmax(dim=-1)
     return torch.where(params.do_sample, drawn, scores.argmax(dim=-1))
+
+
+def sample_code0(
+    logits: torch.Tensor,
+    generated_mask: torch.Tensor,
+    num_generated: torch.Tensor,
+    repetition_penalty: torch.Tensor,
+    min_frames: torch.Tensor,
+    params: RowParams,
+    eos_id: int,
+    first_control_id: int,
+) -> torch.Tensor:
+    """Codebook-0 ids `[B]` from talker `logits [B, V]`: penalties and suppression, then warp and choose."""
+    scores = penalize_and_suppress(
+        logits, generated_mask, num_generated, repetition_penalty, min_frames, eos_id, first_control_id
+    )
+    return choose(warp(scores, params), params, num_generated, codebook=0)
+
+
+def sample_code(logits: torch.Tensor, params: RowParams, frame: torch.Tensor, codebook: int) -> torch.Tensor:
+    """Ids `[B]` of codebook `codebook` (1..15) from code-predictor `logits [B, V]`."""
+    return choose(warp(logits.float(), params), params, frame, codebook)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -209,6 +209,7 @@ class TalkerService(Service):
             max_queue=config.max_queue,
             max_buffered_frames=config.max_buffered_frames,
             use_cuda_graphs=config.use_cuda_graphs,
+            compile_step=config.compile_step,
         )
         engine = TalkerEngine(loaded, engine_config)
         engine.runner.warmup()  # capture CUDA graphs now, not on the first request of each batch size

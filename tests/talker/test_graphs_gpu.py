@@ -1,4 +1,5 @@
-"""CUDA-graph replay of the decode step gives the same codes as eager execution (GPU only)."""
+"""CUDA-graph replay of the decode step gives the same codes as eager execution, with and without the compiled
+step; the compiled layers compute what the plain modules compute (GPU only)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from chorus.talker.sampling import SamplingParams
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.parametrize("compile_step", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_graph_replay_equals_eager(tiny_loaded, dtype):
+def test_graph_replay_equals_eager(tiny_loaded, dtype, compile_step):
     model = build_random(TINY_CONFIG, TINY_SEED, device="cuda", dtype=dtype)
     loaded = LoadedTalker(model, tiny_loaded.tokenizer, tiny_loaded.sampling_defaults)
     results = {}
@@ -22,7 +24,12 @@ def test_graph_replay_equals_eager(tiny_loaded, dtype):
         engine = TalkerEngine(
             loaded,
             EngineConfig(
-                max_streams=8, max_positions=512, max_frames=64, max_buffered_frames=64, use_cuda_graphs=use_graphs
+                max_streams=8,
+                max_positions=512,
+                max_frames=64,
+                max_buffered_frames=64,
+                use_cuda_graphs=use_graphs,
+                compile_step=compile_step,
             ),
         )
         engine.runner.warmup()
@@ -41,3 +48,28 @@ def test_graph_replay_equals_eager(tiny_loaded, dtype):
             assert engine.runner.graphs.graphs, "the decode step was captured"
     for eager, replayed in zip(results[False], results[True], strict=True):
         np.testing.assert_array_equal(eager, replayed)
+
+
+def test_compiled_layers_match_plain_modules():
+    torch.manual_seed(0)
+    results = []
+    for compiled in (False, True):
+        model = build_random(TINY_CONFIG, TINY_SEED, device="cuda", dtype=torch.float32)
+        stack = model.talker.model
+        if compiled:
+            stack.optimize_for_decode()
+        block = stack.config
+        cache = torch.zeros(block.num_hidden_layers, 2, 3, block.num_key_value_heads, 64, block.head_dim, device="cuda")
+        generator = torch.Generator("cuda").manual_seed(1)
+        outputs = []
+        with torch.inference_mode():
+            prompt = torch.randn(3, 20, block.hidden_size, device="cuda", generator=generator)
+            positions = torch.arange(20, device="cuda")[None].expand(3, 20).contiguous()
+            outputs.append(stack(prompt, positions, list(cache), 64))
+            for step in range(20, 24):  # decode steps over the prefilled cache
+                token = torch.randn(3, 1, block.hidden_size, device="cuda", generator=generator)
+                positions = torch.full((3, 1), step, device="cuda")
+                outputs.append(stack(token, positions, list(cache), 64))
+        results.append(outputs)
+    for plain, compiled in zip(*results, strict=True):
+        torch.testing.assert_close(compiled, plain, atol=1e-4, rtol=1e-4)

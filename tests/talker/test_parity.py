@@ -279,12 +279,10 @@ def _teacher_forced_probabilities(loaded, voice: VoiceRequest, codes: torch.Tens
     block, cp_block = config.talker, config.code_predictor
     cache = torch.zeros(block.num_hidden_layers, 2, 1, block.num_key_value_heads, 128, block.head_dim)
     cp_cache = torch.zeros(cp_block.num_hidden_layers, 2, 1, cp_block.num_key_value_heads, 16, cp_block.head_dim)
-    cache_k, cache_v = list(cache[:, 0]), list(cache[:, 1])
-    cp_k, cp_v = list(cp_cache[:, 0]), list(cp_cache[:, 1])
     prompt = build_prompt(config, voice)
     embeds = embed_prompt(talker, prompt, voice)[None]
     length = embeds.shape[1]
-    hidden, logits = talker(embeds, torch.arange(length)[None], cache_k, cache_v, length)
+    hidden, logits = talker(embeds, torch.arange(length)[None], list(cache), length)
     generated = torch.zeros(1, config.codec_vocab_size, dtype=torch.bool)
     code0_probs, predictor_probs = [], []
     for frame_index in range(codes.shape[0] + 1):
@@ -305,7 +303,7 @@ def _teacher_forced_probabilities(loaded, voice: VoiceRequest, codes: torch.Tens
         inputs = torch.stack((hidden[:, -1], talker.embed_codec(frame[:1])), dim=1)
         positions = torch.tensor([[0, 1]])
         for codebook in range(1, 16):
-            cp_logits = predictor(inputs, positions, cp_k, cp_v, head_index=codebook - 1)
+            cp_logits = predictor(inputs, positions, list(cp_cache), head_index=codebook - 1)
             predictor_probs.append(warp(cp_logits.float(), predictor_params).softmax(-1)[0])
             inputs = predictor.embed(codebook, frame[codebook : codebook + 1])[:, None]
             positions = torch.tensor([[codebook + 1]])
@@ -313,7 +311,7 @@ def _teacher_forced_probabilities(loaded, voice: VoiceRequest, codes: torch.Tens
         text_id = trailing[frame_index] if frame_index < len(trailing) else config.text_ids.tts_pad
         step_input = talker.embed_frame(frame[None]) + talker.embed_text(torch.tensor([text_id]))
         hidden, logits = talker(
-            step_input[:, None], torch.tensor([[length + frame_index]]), cache_k, cache_v, length + frame_index + 1
+            step_input[:, None], torch.tensor([[length + frame_index]]), list(cache), length + frame_index + 1
         )
     return torch.stack(code0_probs), torch.stack(predictor_probs)
 

@@ -15,7 +15,7 @@ def _prefilled_runner(loaded) -> TalkerRunner:
     for slot, speaker in enumerate(("ryan", "vivian")):
         voice = VoiceRequest("custom_voice", [151644, 77091, 198], [11, 12, 13, 14], speaker=speaker)
         runner.set_params(slot, SamplingParams(seed=slot), seed=slot)
-        runner.prefill(slot, runner.embed_prompt(build_prompt(loaded.config, voice), voice))
+        runner.prefill([slot], [runner.embed_prompt(build_prompt(loaded.config, voice), voice)])
     return runner
 
 

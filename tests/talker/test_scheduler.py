@@ -23,7 +23,7 @@ def _admit(scheduler: Scheduler, request: TalkerRequest, trailing=(), streams_te
 
 
 def test_lowest_free_slot_first_and_prefill_limit():
-    scheduler = Scheduler(num_slots=4, max_prefills_per_step=2, pad_text_id=PAD)
+    scheduler = Scheduler(num_slots=4, max_prefills_per_step=2, pad_text_id=PAD, max_positions=4096)
     requests = [_request(str(i)) for i in range(3)]
     for request in requests:
         scheduler.add(request)
@@ -43,7 +43,7 @@ def test_lowest_free_slot_first_and_prefill_limit():
 
 
 def test_full_output_pauses_only_that_request():
-    scheduler = Scheduler(num_slots=2, max_prefills_per_step=2, pad_text_id=PAD)
+    scheduler = Scheduler(num_slots=2, max_prefills_per_step=2, pad_text_id=PAD, max_positions=4096)
     slow, fast = _request("slow"), _request("fast")
     _admit(scheduler, slow)
     _admit(scheduler, fast)
@@ -54,7 +54,7 @@ def test_full_output_pauses_only_that_request():
 
 
 def test_streaming_text_waits_for_text():
-    scheduler = Scheduler(num_slots=2, max_prefills_per_step=2, pad_text_id=PAD)
+    scheduler = Scheduler(num_slots=2, max_prefills_per_step=2, pad_text_id=PAD, max_positions=4096)
     request = _request("r", text_complete=False, text_ids=())
     scheduler.add(request)
     assert scheduler.plan().prefill == [], "no token yet: the prompt cannot be built"
@@ -63,7 +63,21 @@ def test_streaming_text_waits_for_text():
     request.prompt = Prompt([], [10], streams_text=True)
     plan = scheduler.plan()
     assert plan.decode == [request] and plan.decode_text_ids == [10]
-    request.num_frames = 1
+    request.num_frames = request.num_launched = 1
     assert scheduler.plan().decode == [], "text not arrived: wait rather than invent"
     request.prompt.streams_text = False
     assert scheduler.plan().decode_text_ids == [PAD]
+
+
+def test_a_frame_in_flight_counts_against_the_output_bound_and_the_limits():
+    scheduler = Scheduler(num_slots=1, max_prefills_per_step=1, pad_text_id=PAD, max_positions=12)
+    request = _request("r")
+    _admit(scheduler, request)
+    request.num_launched, request.num_frames, request.buffered_frames = 2, 1, 1  # one launched, not yet read
+    assert scheduler.plan().decode == [], "1 buffered + 1 in flight fills the 2-frame output"
+    request.buffered_frames = 0
+    assert scheduler.plan().decode == [request]
+    request.num_launched = request.max_frames
+    assert scheduler.plan().decode == [], "max_frames counts launched frames"
+    request.num_launched, request.num_prompt_positions = 3, 9
+    assert scheduler.plan().decode == [], "position 12 would be past the cache"

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from chorus.talker.engine.request import FinishReason, Status, TalkerRequest
-from chorus.talker.engine.runner import TalkerRunner, kv_bytes_per_position, slots_for_memory
+from chorus.talker.engine.runner import DecodeLaunch, TalkerRunner, kv_bytes_per_position, slots_for_memory
 from chorus.talker.engine.scheduler import Scheduler
 from chorus.talker.engine.stream import FrameStream
 from chorus.talker.loader import LoadedTalker
@@ -42,6 +42,7 @@ class EngineConfig:
     max_buffered_frames: int = 50  # per-stream output bound (4 s of audio)
     max_prefills_per_step: int = 4
     use_cuda_graphs: bool = True
+    compile_step: bool = False
     kv_memory_fraction: float = 0.8
 
 
@@ -69,12 +70,15 @@ class TalkerEngine:
         self.model_config = loaded.config
         self.config = config
         self.num_slots = config.max_streams or self._slots_from_memory(loaded)
-        self.runner = TalkerRunner(loaded.model, self.num_slots, config.max_positions, config.use_cuda_graphs)
+        self.runner = TalkerRunner(
+            loaded.model, self.num_slots, config.max_positions, config.use_cuda_graphs, config.compile_step
+        )
         pad_id = self.model_config.text_ids.tts_pad
-        self.scheduler = Scheduler(self.num_slots, config.max_prefills_per_step, pad_id)
+        self.scheduler = Scheduler(self.num_slots, config.max_prefills_per_step, pad_id, config.max_positions)
         self.stats = EngineStats()
         self._requests: dict[str, tuple[TalkerRequest, FrameStream]] = {}
         self._commands: deque[tuple] = deque()
+        self._in_flight: tuple[DecodeLaunch, list[TalkerRequest]] | None = None
         self._admitted = 0
         self._admit_lock = threading.Lock()
         self._wake = threading.Condition()
@@ -261,13 +265,25 @@ class TalkerEngine:
         """One engine step (commands → plan → prefills → one decode step); False when there was nothing to do."""
         self._apply_commands()
         plan = self.scheduler.plan()
-        for request in plan.prefill:
-            self._prefill(request)
+        if plan.prefill:
+            self._prefill(plan.prefill)
+        started = time.perf_counter()
         decode = [r for r in plan.decode if r.status is Status.RUNNING]
+        launched = None
         if decode:
             texts = [t for r, t in zip(plan.decode, plan.decode_text_ids, strict=True) if r.status is Status.RUNNING]
-            self._decode(decode, texts)
-        return bool(plan.prefill or decode)
+            launched = self._launch(decode, texts)
+        # Read the previous step while the GPU runs this one.
+        collected, self._in_flight = self._in_flight, launched
+        if collected is not None:
+            self._collect(*collected)
+        if launched is not None:
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            self.stats.steps += 1
+            self.stats.last_step_ms = elapsed_ms
+            self.stats.step_ms_total += elapsed_ms
+            self.stats.last_batch_size = len(decode)
+        return bool(plan.prefill or launched or collected)
 
     def run_until_idle(self, max_steps: int = 100_000) -> None:
         """Step until no request can advance (tests, benchmarks; without the thread)."""
@@ -277,6 +293,7 @@ class TalkerEngine:
 
     def _fail_running(self, error: Exception) -> None:
         """A step raised (device error, out of memory): end every running request with an error."""
+        self._in_flight = None
         for request in list(self.scheduler.running.values()):
             self._finish(request, FinishReason.ERROR, f"talker step failed: {type(error).__name__}: {error}")
 
@@ -305,44 +322,56 @@ class TalkerEngine:
                 elif request.status is Status.WAITING and not request.voice.text_ids:
                     self._finish(request, FinishReason.ERROR, "text: no text arrived before end_of_input")
 
-    def _prefill(self, request: TalkerRequest) -> None:
-        self._requests[request.request_id][1].scheduled_at = time.perf_counter()
-        try:
-            voice = request.voice
-            if voice.mode == "voice_clone" and voice.speaker_vector is None:
-                voice.speaker_vector = self.runner.speaker_vector(voice.ref_audio)
-            request.prompt = build_prompt(self.model_config, voice)
-            request.num_prompt_positions = len(request.prompt.positions)
-            if request.num_prompt_positions >= self.config.max_positions:
-                raise PromptError(
-                    f"text: prompt of {request.num_prompt_positions} positions exceeds the limit "
-                    f"of {self.config.max_positions - 1}"
-                )
-            self.runner.set_params(request.slot, request.sampling, request.seed, request.ignore_eos)
-            self.runner.prefill(request.slot, self.runner.embed_prompt(request.prompt, voice))
-        except PromptError as error:
-            self._finish(request, FinishReason.ERROR, str(error))
+    def _prefill(self, requests: list[TalkerRequest]) -> None:
+        """Build each request's prompt, then run every valid one into its slot in one batched forward."""
+        ready, prompts = [], []
+        for request in requests:
+            self._requests[request.request_id][1].scheduled_at = time.perf_counter()
+            try:
+                voice = request.voice
+                if voice.mode == "voice_clone" and voice.speaker_vector is None:
+                    voice.speaker_vector = self.runner.speaker_vector(voice.ref_audio)
+                request.prompt = build_prompt(self.model_config, voice)
+                request.num_prompt_positions = len(request.prompt.positions)
+                if request.num_prompt_positions >= self.config.max_positions:
+                    raise PromptError(
+                        f"text: prompt of {request.num_prompt_positions} positions exceeds the limit "
+                        f"of {self.config.max_positions - 1}"
+                    )
+                self.runner.set_params(request.slot, request.sampling, request.seed, request.ignore_eos)
+                prompts.append(self.runner.embed_prompt(request.prompt, voice))
+                ready.append(request)
+            except PromptError as error:
+                self._finish(request, FinishReason.ERROR, str(error))
+        if ready:
+            self.runner.prefill([request.slot for request in ready], prompts)
 
-    def _decode(self, requests: list[TalkerRequest], text_ids: list[int]) -> None:
-        started = time.perf_counter()
-        frames, next_code0 = self.runner.decode([r.slot for r in requests], text_ids, max(r.position for r in requests))
+    def _launch(self, requests: list[TalkerRequest], text_ids: list[int]) -> tuple[DecodeLaunch, list[TalkerRequest]]:
+        launch = self.runner.launch([r.slot for r in requests], text_ids, max(r.position for r in requests))
+        for request in requests:
+            request.num_launched += 1
+        return launch, requests
+
+    def _collect(self, launch: DecodeLaunch, requests: list[TalkerRequest]) -> None:
+        """Hand out a launched step's frames. A request that finished meanwhile (EOS in the step before, cancel)
+        had one frame launched too many: it is dropped, and its slot's state is reset by the next prefill."""
+        frames, next_code0 = self.runner.collect(launch)
         frames_np, next_np = frames.numpy().astype(np.int16), next_code0.numpy()
         eos = self.model_config.codec_ids.eos
         for index, request in enumerate(requests):
+            if request.status is Status.FINISHED:
+                continue
             _, stream = self._requests[request.request_id]
             stream.push(frames_np[index])
             request.num_frames += 1
             request.buffered_frames += 1
             if next_np[index] == eos and not request.ignore_eos:
                 self._finish(request, FinishReason.EOS)
-            elif request.num_frames >= request.max_frames or request.position >= self.config.max_positions:
+            elif request.num_frames >= request.max_frames or (
+                request.num_prompt_positions + request.num_frames >= self.config.max_positions
+            ):
                 self._finish(request, FinishReason.MAX_LENGTH)
-        elapsed_ms = (time.perf_counter() - started) * 1000
-        self.stats.steps += 1
         self.stats.frames += len(requests)
-        self.stats.last_step_ms = elapsed_ms
-        self.stats.step_ms_total += elapsed_ms
-        self.stats.last_batch_size = len(requests)
 
     def _finish(self, request: TalkerRequest, reason: FinishReason, error: str | None = None) -> None:
         if request.status is Status.FINISHED:

@@ -39,6 +39,7 @@ class TalkerRequest:
     prompt: Prompt | None = None
     num_prompt_positions: int = 0
     num_frames: int = 0  # frames generated (handed to the output)
+    num_launched: int = 0  # frames whose decode step was launched (≥ num_frames: one step may be in flight)
     buffered_frames: int = 0  # frames handed out but not yet taken by the consumer
     finish_reason: FinishReason | None = None
     error: str | None = None
@@ -46,13 +47,22 @@ class TalkerRequest:
     @property
     def position(self) -> int:
         """Cache position the next decode step writes."""
-        return self.num_prompt_positions + self.num_frames
+        return self.num_prompt_positions + self.num_launched
+
+    def can_launch(self, max_positions: int) -> bool:
+        """Whether another frame may be launched: under both limits, and the output has room for it."""
+        in_flight = self.num_launched - self.num_frames
+        return (
+            self.num_launched < self.max_frames
+            and self.position < max_positions
+            and self.buffered_frames + in_flight < self.max_buffered_frames
+        )
 
     def trailing_text_id(self, pad_id: int) -> int | None:
         """Text id for the next decode step; `None` while the text it needs has not arrived yet."""
         trailing = self.prompt.trailing_text_ids
-        if self.num_frames < len(trailing):
-            return trailing[self.num_frames]
+        if self.num_launched < len(trailing):
+            return trailing[self.num_launched]
         return None if self.prompt.streams_text else pad_id
 
     @property
@@ -62,7 +72,3 @@ class TalkerRequest:
         if voice.text_complete:
             return True
         return bool(voice.text_ids) and not voice.non_streaming_text and voice.ref_codes is None
-
-    @property
-    def output_full(self) -> bool:
-        return self.buffered_frames >= self.max_buffered_frames

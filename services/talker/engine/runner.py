@@ -15,7 +15,7 @@ import torch
 from chorus.talker.models.qwen3_tts_talker import Qwen3TTSModel
 from chorus.talker.models.speaker_encoder import log_mel_spectrogram
 from chorus.talker.prompt import embed_prompt
-from chorus.talker.sampling import RowParams, SamplingParams, choose, penalize_and_suppress, warp
+from chorus.talker.sampling import RowParams, SamplingParams, sample_code, sample_code0
 
 LENGTH_BUCKET = 256
 MIN_FRAMES = 2  # the reference bans EOS until two codebook-0 ids were generated
@@ -66,7 +66,14 @@ def _rows(params: RowParams, rows: slice) -> RowParams:
 class TalkerRunner:
     """Owns the model, the slot KV caches and per-slot decode state on `device`."""
 
-    def __init__(self, model: Qwen3TTSModel, num_slots: int, max_positions: int, use_cuda_graphs: bool = False):
+    def __init__(
+        self,
+        model: Qwen3TTSModel,
+        num_slots: int,
+        max_positions: int,
+        use_cuda_graphs: bool = False,
+        compile_step: bool = False,
+    ):
         self.model = model
         self.config = model.config
         weight = model.talker.codec_head.weight
@@ -106,13 +113,31 @@ class TalkerRunner:
         # Step inputs and outputs: static buffers, so a captured graph reads and writes the same memory.
         self.active = torch.zeros(num_slots, dtype=torch.bool, device=device)
         self.text_ids = torch.zeros(num_slots, dtype=torch.long, device=device)
-        self.out_frames = torch.zeros(num_slots, self.config.num_code_groups, dtype=torch.long, device=device)
-        self.out_code0 = torch.zeros(num_slots, dtype=torch.long, device=device)
+        # One row per slot: the frame's 16 codes, then the next codebook-0 id — one device-to-host copy per step.
+        self.out = torch.zeros(num_slots, self.config.num_code_groups + 1, dtype=torch.long, device=device)
+        # Host staging, two of each: step N+1 is launched before step N's output is read (see `launch`).
+        pinned = device.type == "cuda"
+        self._host_inputs = [torch.zeros(2, num_slots, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._host_outputs = [torch.zeros_like(self.out, device="cpu", pin_memory=pinned) for _ in range(2)]
+        self._launches = 0
+        self._sample_code0, self._sample_code = sample_code0, sample_code
+        if compile_step and self.device.type == "cuda":
+            self._compile()
         self.graphs = None
         if use_cuda_graphs and self.device.type == "cuda":
             from chorus.talker.engine.graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self)
+
+    def _compile(self) -> None:
+        # Each compiled function is specialised per shape class (batch 1 or more, 1 or 2 tokens, prefill) and
+        # codebook index, so allow more entries than the default before dynamo falls back to eager.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        talker = self.model.talker
+        talker.model.optimize_for_decode()
+        talker.code_predictor.model.optimize_for_decode()
+        self._sample_code0 = torch.compile(sample_code0, dynamic=True, fullgraph=True)
+        self._sample_code = torch.compile(sample_code, dynamic=True, fullgraph=True)
 
     def warmup(self, num_length_buckets: int = 1) -> None:
         """Capture decode graphs for every batch bucket (largest first, so later ones reuse its pool memory) and
@@ -126,8 +151,8 @@ class TalkerRunner:
                 if (num_rows, attended_length) not in self.graphs.graphs:
                     self.graphs.capture(num_rows, attended_length)
 
-    def _cache_views(self, cache: torch.Tensor, rows: slice):
-        return [layer[0, rows] for layer in cache], [layer[1, rows] for layer in cache]
+    def _cache_views(self, cache: torch.Tensor, rows: slice) -> list[torch.Tensor]:
+        return [layer[:, rows] for layer in cache]
 
     def set_params(self, slot: int, params: SamplingParams, seed: int, ignore_eos: bool = False) -> None:
         for target, do_sample, temperature, top_k, top_p in (
@@ -148,19 +173,18 @@ class TalkerRunner:
         self.params.repetition_penalty[slot] = params.repetition_penalty
         self.min_frames[slot] = NEVER if ignore_eos else MIN_FRAMES
 
-    def _sample_code0(self, logits, rows: slice) -> torch.Tensor:
+    def _pick_code0(self, logits, rows: slice | torch.Tensor) -> torch.Tensor:
         ids = self.config.codec_ids
-        scores = penalize_and_suppress(
+        return self._sample_code0(
             logits,
             self.generated_mask[rows],
             self.num_generated[rows],
             self.params.repetition_penalty[rows],
             self.min_frames[rows],
+            _rows(self.params.talker, rows),
             ids.eos,
             self.config.first_control_id,
         )
-        params = _rows(self.params.talker, rows)
-        return choose(warp(scores, params), params, self.num_generated[rows], codebook=0)
 
     @torch.inference_mode()
     def speaker_vector(self, audio: torch.Tensor) -> torch.Tensor:
@@ -174,44 +198,55 @@ class TalkerRunner:
         return embed_prompt(self.model.talker, prompt, voice)
 
     @torch.inference_mode()
-    def prefill(self, slot: int, embeds: torch.Tensor) -> None:
-        """Run the prompt `embeds [L, H]` into `slot` and sample its first codebook-0 id (never EOS)."""
-        num_positions = embeds.shape[0]
-        assert num_positions < self.max_positions, "prompt longer than the cache; the engine checks this"
-        rows = slice(slot, slot + 1)
-        positions = torch.arange(num_positions, device=self.device)[None]
-        cache_k, cache_v = self._cache_views(self.talker_cache, rows)
-        hidden, logits = self.model.talker(embeds[None].to(self.dtype), positions, cache_k, cache_v, num_positions)
-        self.generated_mask[rows] = False
-        self.num_generated[rows] = 0
-        code0 = self._sample_code0(logits, rows)
-        self.last_hidden[rows] = hidden[:, -1]
-        self.next_code0[rows] = code0
-        self.position[rows] = num_positions
-        self.num_generated[rows] = 1
-        self.generated_mask[rows] = self.generated_mask[rows].scatter(1, code0[:, None], True)
+    def prefill(self, slots: list[int], prompts: list[torch.Tensor]) -> None:
+        """Run each prompt `prompts[i] [L_i, H]` into `slots[i]` in one forward and sample each row's first
+        codebook-0 id (never EOS).
+
+        Rows are right-padded to the longest prompt: a padded position writes cache entries past its row's prompt,
+        which that row's decode steps overwrite before anything attends to them.
+        """
+        lengths = [prompt.shape[0] for prompt in prompts]
+        num_rows, longest = len(prompts), max(lengths)
+        assert longest < self.max_positions, "prompt longer than the cache; the engine checks this"
+        embeds = torch.nn.utils.rnn.pad_sequence(prompts, batch_first=True).to(self.dtype)
+        positions = torch.arange(longest, device=self.device).repeat(num_rows, 1)
+        num_layers, _, _, num_kv_heads, _, head_dim = self.talker_cache.shape
+        scratch = self.talker_cache.new_empty(num_layers, 2, num_rows, num_kv_heads, longest, head_dim)
+        hidden = self.model.talker.model(embeds, positions, list(scratch), longest)
+        index = torch.tensor(slots, device=self.device)
+        self.talker_cache[..., :longest, :].index_copy_(2, index, scratch)
+        last_index = torch.tensor(lengths, device=self.device) - 1
+        last_hidden = hidden[torch.arange(num_rows, device=self.device), last_index]
+        self.generated_mask[index] = False
+        self.num_generated[index] = 0
+        code0 = self._pick_code0(self.model.talker.codec_head(last_hidden), index)
+        self.last_hidden[index] = last_hidden
+        self.next_code0[index] = code0
+        self.position[index] = last_index + 1
+        self.num_generated[index] = 1
+        self.generated_mask[index, code0] = True
 
     def _predict_frame(self, num_rows: int) -> torch.Tensor:
         """Codebooks 1..15 for rows `[0, num_rows)` → whole frames `[n, 16]`."""
         rows = slice(0, num_rows)
         talker, predictor = self.model.talker, self.model.talker.code_predictor
-        cache_k, cache_v = self._cache_views(self.predictor_cache, rows)
+        kv_caches = self._cache_views(self.predictor_cache, rows)
         params = _rows(self.params.predictor, rows)
         frame_index = self.num_generated[rows] - 1
         code0 = self.next_code0[rows]
         inputs = torch.stack((self.last_hidden[rows], talker.embed_codec(code0)), dim=1)
-        positions = torch.arange(2, device=self.device)[None].expand(num_rows, 2)
+        positions = torch.arange(2, device=self.device).repeat(num_rows, 1)
         codes = [code0]
         for codebook in range(1, self.config.num_code_groups):
-            logits = predictor(inputs, positions, cache_k, cache_v, head_index=codebook - 1)
-            code = choose(warp(logits.float(), params), params, frame_index, codebook)
+            logits = predictor(inputs, positions, kv_caches, head_index=codebook - 1)
+            code = self._sample_code(logits, params, frame_index, codebook)
             codes.append(code)
             inputs = predictor.embed(codebook, code)[:, None]
             positions = torch.full((num_rows, 1), codebook + 1, device=self.device, dtype=torch.long)
         return torch.stack(codes, dim=1)
 
     def decode_compute(self, num_rows: int, attended_length: int) -> None:
-        """One frame for rows `[0, num_rows)` whose `active` flag is set; results in `out_frames` / `out_code0`.
+        """One frame for rows `[0, num_rows)` whose `active` flag is set; results in `out`.
 
         Static shapes for a given (`num_rows`, `attended_length`): this is the body CUDA graphs capture.
         """
@@ -221,11 +256,10 @@ class TalkerRunner:
         frames = self._predict_frame(num_rows)
         embeds = talker.embed_frame(frames) + talker.embed_text(self.text_ids[rows])
         positions = self.position[rows].clamp(max=self.max_positions - 1)[:, None]
-        cache_k, cache_v = self._cache_views(self.talker_cache, rows)
-        hidden, logits = talker(embeds[:, None], positions, cache_k, cache_v, attended_length)
-        code0 = self._sample_code0(logits, rows)
-        self.out_frames[rows] = frames
-        self.out_code0[rows] = code0
+        hidden, logits = talker(embeds[:, None], positions, self._cache_views(self.talker_cache, rows), attended_length)
+        code0 = self._pick_code0(logits, rows)
+        self.out[rows, :-1] = frames
+        self.out[rows, -1] = code0
         self.last_hidden[rows] = torch.where(active[:, None], hidden[:, -1], self.last_hidden[rows])
         self.next_code0[rows] = torch.where(active, code0, self.next_code0[rows])
         self.position[rows] += active.long()
@@ -234,25 +268,47 @@ class TalkerRunner:
         self.generated_mask[rows] = torch.where(active[:, None], seen, self.generated_mask[rows])
 
     @torch.inference_mode()
-    def decode(self, active_rows: list[int], text_ids: list[int], max_position: int):
-        """Advance `active_rows` (slot indices) by one frame, each adding its `text_ids` entry to the input.
-
-        `max_position`: the largest cache position any active row writes now. Returns host tensors
-        (frames `[len(active_rows), 16]`, next codebook-0 ids `[len(active_rows)]`).
-        """
+    def launch(self, active_rows: list[int], text_ids: list[int], max_position: int) -> DecodeLaunch:
+        """Enqueue one frame for `active_rows` (slot indices), each adding its `text_ids` entry to the input, and
+        return without waiting: the engine launches step N+1 before it reads step N (`collect`), so host work
+        overlaps the GPU. `max_position`: the largest cache position any active row writes now."""
         num_rows = batch_bucket(max(active_rows) + 1, self.num_slots)
         attended_length = min(self.max_positions, (max_position // LENGTH_BUCKET + 1) * LENGTH_BUCKET)
+        parity = self._launches % 2
+        self._launches += 1
+        host_inputs = self._host_inputs[parity]  # free again: the launch that used it two steps ago was collected
+        host_inputs[0, :num_rows] = 0
+        host_inputs[1, :num_rows] = self.config.text_ids.tts_pad
         index = torch.tensor(active_rows, dtype=torch.long)
-        active = torch.zeros(num_rows, dtype=torch.bool)
-        active[index] = True
-        texts = torch.full((num_rows,), self.config.text_ids.tts_pad, dtype=torch.long)
-        texts[index] = torch.tensor(text_ids, dtype=torch.long)
-        self.active[:num_rows].copy_(active, non_blocking=True)
-        self.text_ids[:num_rows].copy_(texts, non_blocking=True)
+        host_inputs[0, index] = 1
+        host_inputs[1, index] = torch.tensor(text_ids, dtype=torch.long)
+        self.active[:num_rows].copy_(host_inputs[0, :num_rows], non_blocking=True)
+        self.text_ids[:num_rows].copy_(host_inputs[1, :num_rows], non_blocking=True)
         if self.graphs is not None:
             self.graphs.run(num_rows, attended_length)
         else:
             self.decode_compute(num_rows, attended_length)
-        frames = self.out_frames[:num_rows].cpu()
-        code0 = self.out_code0[:num_rows].cpu()
-        return frames[index], code0[index]
+        host_outputs = self._host_outputs[parity]
+        host_outputs[:num_rows].copy_(self.out[:num_rows], non_blocking=True)
+        done = torch.cuda.Event() if self.device.type == "cuda" else None
+        if done is not None:
+            done.record()
+        return DecodeLaunch(index, host_outputs, done)
+
+    def collect(self, launch: DecodeLaunch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Wait for `launch`; its frames `[n, 16]` and next codebook-0 ids `[n]` (host tensors, active rows only)."""
+        if launch.done is not None:
+            launch.done.synchronize()
+        rows = launch.host_outputs[launch.rows]
+        return rows[:, :-1], rows[:, -1]
+
+    def decode(self, active_rows: list[int], text_ids: list[int], max_position: int):
+        """`launch` and `collect` in one call."""
+        return self.collect(self.launch(active_rows, text_ids, max_position))
+
+
+@dataclasses.dataclass
+class DecodeLaunch:
+    rows: torch.Tensor  # active slot indices (host)
+    host_outputs: torch.Tensor  # `out` copied to the host once `done`
+    done: torch.cuda.Event | None  # None on CPU, where the step already ran

@@ -23,8 +23,9 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, num_slots: int, max_prefills_per_step: int, pad_text_id: int) -> None:
+    def __init__(self, num_slots: int, max_prefills_per_step: int, pad_text_id: int, max_positions: int) -> None:
         self.num_slots = num_slots
+        self.max_positions = max_positions
         self.max_prefills_per_step = max_prefills_per_step
         self.pad_text_id = pad_text_id
         self.waiting: deque[TalkerRequest] = deque()
@@ -54,7 +55,7 @@ class Scheduler:
         decode, text_ids = [], []
         for slot in sorted(self.running):
             request = self.running[slot]
-            if request in prefill or request.output_full:
+            if request in prefill or not request.can_launch(self.max_positions):
                 continue
             text_id = request.trailing_text_id(self.pad_text_id)
             if text_id is not None:

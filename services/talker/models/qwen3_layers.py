@@ -1,9 +1,9 @@
 """Qwen3 decoder blocks (q/k norm, GQA, SwiGLU) over a caller-owned static KV cache.
 
-The cache layout is `[rows, num_kv_heads, max_positions, head_dim]` per layer. A forward writes the new keys and
-values at the given per-row positions and attends to every cached key at a position ≤ the query's position, so a
-row's stale entries from an earlier occupant (positions beyond its own) are never seen. All shapes are static for a
-given (rows, tokens, attended length), which is what CUDA-graph capture needs.
+The cache layout is `[2 (keys, values), rows, num_kv_heads, max_positions, head_dim]` per layer. A forward writes
+the new keys and values at the given per-row positions and attends to every cached key at a position ≤ the query's
+position, so a row's stale entries from an earlier occupant (positions beyond its own) are never seen. All shapes
+are static for a given (rows, tokens, attended length), which is what CUDA-graph capture needs.
 """
 
 from __future__ import annotations
@@ -60,28 +60,51 @@ class Qwen3Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
+        self.rope_theta = config.rope_theta
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
         self.q_norm = Qwen3RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = Qwen3RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qkv_proj: nn.Linear | None = None
 
-    def forward(self, x, cos, sin, positions, cache_k, cache_v, attend_mask):
+    def fuse_projections(self) -> None:
+        """Replace q/k/v by one matrix (one kernel instead of three per decode step); serving only — the
+        checkpoint's keys name the separate projections."""
+        self.qkv_proj = _concatenated(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor):
+        """Rotated queries `[B, heads, T, D]` and stacked keys/values `[2, B, kv_heads, T, D]` of `x [B, T, H]`."""
         batch, num_tokens, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(batch, num_tokens, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(batch, num_tokens, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.qkv_proj is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            kv_width = self.num_kv_heads * self.head_dim
+            q, k, v = self.qkv_proj(x).split((self.num_heads * self.head_dim, kv_width, kv_width), dim=-1)
+        q = self.q_norm(q.view(batch, num_tokens, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(k.view(batch, num_tokens, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = v.view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, x.dtype)
         cos, sin = cos[:, None], sin[:, None]
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        index = positions[:, None, :, None].expand(batch, self.num_kv_heads, num_tokens, self.head_dim)
-        cache_k.scatter_(2, index, k)
-        cache_v.scatter_(2, index, v)
-        attended = attend_mask.shape[-1]
-        out = F.scaled_dot_product_attention(
-            q, cache_k[:, :, :attended], cache_v[:, :, :attended], attn_mask=attend_mask, enable_gqa=True
-        )
+        return q, torch.stack((k, v))
+
+    def attend(self, q: torch.Tensor, kv: torch.Tensor, attend_mask: torch.Tensor) -> torch.Tensor:
+        """Output `[B, T, H]` of queries `q [B, heads, T, D]` over cached keys/values `kv [2, B, kv_heads, L, D]`.
+
+        Grouped-query attention without repeating the cache: the `heads / kv_heads` query heads that share a
+        key head are folded into its query rows, so each key head is read once (what a decode step is bound by).
+        """
+        batch, _, num_tokens, _ = q.shape
+        group = self.num_heads // self.num_kv_heads
+        q = q.reshape(batch, self.num_kv_heads, group * num_tokens, self.head_dim)
+        scores = torch.matmul(q, kv[0].transpose(-1, -2)).float() * self.head_dim**-0.5
+        mask = attend_mask.expand(batch, 1, num_tokens, -1).repeat(1, 1, group, 1)
+        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(kv.dtype)
+        out = torch.matmul(weights, kv[1]).view(batch, self.num_heads, num_tokens, self.head_dim)
         return self.o_proj(out.transpose(1, 2).reshape(batch, num_tokens, self.num_heads * self.head_dim))
 
 
@@ -91,9 +114,26 @@ class Qwen3MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj: nn.Linear | None = None
+
+    def fuse_projections(self) -> None:
+        """One matrix for gate and up (serving only, like `Qwen3Attention.fuse_projections`)."""
+        self.gate_up_proj = _concatenated(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def _concatenated(*projections: nn.Linear) -> nn.Linear:
+    weight = torch.cat([projection.weight for projection in projections])
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta", dtype=weight.dtype)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    return fused
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -104,9 +144,19 @@ class Qwen3DecoderLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, positions, cache_k, cache_v, attend_mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, cache_k, cache_v, attend_mask)
+    def attention_inputs(self, x: torch.Tensor, positions: torch.Tensor):
+        return self.self_attn.project(self.input_layernorm(x), positions)
+
+    def attention_and_mlp(self, x, q, kv, attend_mask) -> torch.Tensor:
+        x = x + self.self_attn.attend(q, kv, attend_mask)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward(self, x, positions, kv_cache, attend_mask):
+        # The cache write sits between two cache-free halves: `optimize_for_decode` compiles the halves and the
+        # in-place write stays one plain scatter into the caller's cache (no functionalised copy of it).
+        q, kv = self.attention_inputs(x, positions)
+        kv_cache.scatter_(3, positions[None, :, None, :, None].expand_as(kv), kv)
+        return self.attention_and_mlp(x, q, kv_cache[:, :, :, : attend_mask.shape[-1]], attend_mask)
 
 
 class Qwen3DecoderStack(nn.Module):
@@ -117,24 +167,33 @@ class Qwen3DecoderStack(nn.Module):
         self.config = config
         self.layers = nn.ModuleList(Qwen3DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.optimized = False
 
     def forward(
-        self,
-        inputs_embeds: torch.Tensor,
-        positions: torch.Tensor,
-        cache_k: list[torch.Tensor],
-        cache_v: list[torch.Tensor],
-        attended_length: int,
+        self, inputs_embeds: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], attended_length: int
     ) -> torch.Tensor:
         """Run the stack on `inputs_embeds [B, T, H]` at `positions [B, T]`; returns post-norm hidden `[B, T, H]`.
 
-        `cache_k[i]`, `cache_v[i]`: `[B, num_kv_heads, max_positions, head_dim]` (views of the caller's cache
-        rows). Keys at positions `< attended_length` are attended (causally); it must exceed every position.
+        `kv_caches[i]`: `[2, B, num_kv_heads, max_positions, head_dim]` (a view of the caller's cache rows). Keys at
+        positions `< attended_length` are attended (causally); it must exceed every position.
         """
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, inputs_embeds.dtype)
         key_positions = torch.arange(attended_length, device=positions.device)
         attend_mask = key_positions[None, None, None, :] <= positions[:, None, :, None]
         x = inputs_embeds
-        for layer, layer_k, layer_v in zip(self.layers, cache_k, cache_v, strict=True):
-            x = layer(x, cos, sin, positions, layer_k, layer_v, attend_mask)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, positions, kv_cache, attend_mask)
         return self.norm(x)
+
+    def optimize_for_decode(self) -> None:
+        """Fuse projections and `torch.compile` every layer's two cache-free halves and the final norm (CUDA
+        serving). Fusing each half's element-wise work turns ~70 small kernels per layer into ~12, which is what
+        bounds a decode step at small batch; layers share one compiled artifact per shape class."""
+        if self.optimized:
+            return
+        self.optimized = True
+        for layer in self.layers:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
+            layer.attention_inputs = torch.compile(layer.attention_inputs, dynamic=True, fullgraph=True)
+            layer.attention_and_mlp = torch.compile(layer.attention_and_mlp, dynamic=True, fullgraph=True)
+        self.norm.forward = torch.compile(self.norm.forward, dynamic=True, fullgraph=True)

@@ -66,14 +66,12 @@ class Qwen3TTSCodePredictor(nn.Module):
         """Talker-width embedding `[..., H]` of `codes [...]` of codebook `codebook` (1..15)."""
         return self.model.codec_embedding[codebook - 1](codes)
 
-    def forward(self, inputs_embeds, positions, cache_k, cache_v, head_index: int) -> torch.Tensor:
+    def forward(self, inputs_embeds, positions, kv_caches, head_index: int) -> torch.Tensor:
         """Logits `[B, 2048]` for codebook `head_index + 1` from `inputs_embeds [B, T, H_talker]` at `positions`.
 
         The attended length is the whole predictor cache (`num_code_groups` positions), masked causally.
         """
-        hidden = self.model(
-            self.small_to_mtp_projection(inputs_embeds), positions, cache_k, cache_v, cache_k[0].shape[2]
-        )
+        hidden = self.model(self.small_to_mtp_projection(inputs_embeds), positions, kv_caches, kv_caches[0].shape[3])
         return self.lm_head[head_index](hidden[:, -1])
 
 
@@ -101,10 +99,10 @@ class Qwen3TTSTalker(nn.Module):
         parts += [self.code_predictor.embed(j, codes[..., j]) for j in range(1, codes.shape[-1])]
         return torch.stack(parts, dim=-2).sum(-2)
 
-    def forward(self, inputs_embeds, positions, cache_k, cache_v, attended_length: int):
+    def forward(self, inputs_embeds, positions, kv_caches, attended_length: int):
         """`inputs_embeds [B, T, H]` at `positions [B, T]` → (post-norm hidden `[B, T, H]`, logits of the last
         position `[B, 3072]`)."""
-        hidden = self.model(inputs_embeds, positions, cache_k, cache_v, attended_length)
+        hidden = self.model(inputs_embeds, positions, kv_caches, attended_length)
         return hidden, self.codec_head(hidden[:, -1])
 
 

@@ -1,0 +1,42 @@
+"""The one-sort warp equals transformers' temperature → top-k → top-p processors (what the reference applies)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from chorus.talker.sampling import RowParams, warp
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_warp_matches_the_reference_processors_row_by_row(seed):
+    generator = torch.Generator().manual_seed(seed)
+    rows = [(0.9, 50, 1.0), (0.7, 0, 0.8), (1.3, 10, 0.5), (1.0, 2048, 0.95), (0.5, 1, 1.0), (1.0, 0, 1.0)]
+    scores = torch.randn(len(rows), 2048, generator=generator) * 3
+    params = RowParams(
+        do_sample=torch.ones(len(rows), dtype=torch.bool),
+        temperature=torch.tensor([row[0] for row in rows]),
+        top_k=torch.tensor([row[1] for row in rows]),
+        top_p=torch.tensor([row[2] for row in rows]),
+        seed=torch.zeros(len(rows), dtype=torch.long),
+    )
+    ours = warp(scores, params)
+    for index, (temperature, top_k, top_p) in enumerate(rows):
+        expected = TemperatureLogitsWarper(temperature)(None, scores[index : index + 1])
+        if top_k > 0:
+            expected = TopKLogitsWarper(top_k)(None, expected)
+        if top_p < 1.0:
+            expected = TopPLogitsWarper(top_p)(None, expected)
+        torch.testing.assert_close(ours[index : index + 1], expected, rtol=0, atol=0)
+
+
+def test_greedy_rows_pass_through():
+    scores = torch.randn(2, 64)
+    params = RowParams(
+        torch.tensor([False, True]), torch.tensor([1.0, 0.5]), torch.tensor([5, 5]), torch.tensor([0.5, 0.5]),
+        torch.zeros(2, dtype=torch.long),
+    )  # fmt: skip
+    warped = warp(scores, params)
+    assert torch.equal(warped[0], scores[0])
+    assert torch.isinf(warped[1]).sum() >= 64 - 5, "the sampling row is filtered"
