@@ -34,10 +34,15 @@ class Qwen3RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32, round to the activation dtype, then scale: the reference's bf16 rounding points.
-        x_fp32 = x.float()
-        x_fp32 = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x_fp32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS-normalise the last dim in fp32, round to the activation dtype, then scale: the reference's bf16 rounding
+    points. `weight` broadcasts against `x`."""
+    x_fp32 = x.float()
+    x_fp32 = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x_fp32.to(x.dtype)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -79,18 +84,22 @@ class Qwen3Attention(nn.Module):
         """Rotated queries `[B, heads, T, D]` and stacked keys/values `[2, B, kv_heads, T, D]` of `x [B, T, H]`."""
         batch, num_tokens, _ = x.shape
         if self.qkv_proj is None:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
         else:
-            kv_width = self.num_kv_heads * self.head_dim
-            q, k, v = self.qkv_proj(x).split((self.num_heads * self.head_dim, kv_width, kv_width), dim=-1)
-        q = self.q_norm(q.view(batch, num_tokens, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(k.view(batch, num_tokens, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = v.view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            qkv = self.qkv_proj(x)
+        qkv = qkv.view(batch, num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        # Query and key heads are normalised and rotated together (one fused kernel when compiled), each head
+        # with its own projection's norm weight.
+        num_qk_heads = self.num_heads + self.num_kv_heads
+        norm_weight = torch.cat(
+            (self.q_norm.weight.expand(self.num_heads, -1), self.k_norm.weight.expand(self.num_kv_heads, -1))
+        )
+        qk = rms_norm(qkv[:, :, :num_qk_heads], norm_weight, self.q_norm.eps)
         cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, x.dtype)
-        cos, sin = cos[:, None], sin[:, None]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        return q, torch.stack((k, v))
+        cos, sin = cos[:, :, None], sin[:, :, None]
+        qk = (qk * cos + _rotate_half(qk) * sin).transpose(1, 2)
+        v = qkv[:, :, num_qk_heads:].transpose(1, 2)
+        return qk[:, : self.num_heads], torch.stack((qk[:, self.num_heads :], v))
 
     def attend(self, q: torch.Tensor, kv: torch.Tensor, attend_mask: torch.Tensor) -> torch.Tensor:
         """Output `[B, T, H]` of queries `q [B, heads, T, D]` over cached keys/values `kv [2, B, kv_heads, L, D]`.
@@ -144,19 +153,24 @@ class Qwen3DecoderLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def attention_inputs(self, x: torch.Tensor, positions: torch.Tensor):
-        return self.self_attn.project(self.input_layernorm(x), positions)
+    def attention_inputs(self, normed: torch.Tensor, positions: torch.Tensor):
+        return self.self_attn.project(normed, positions)
 
-    def attention_and_mlp(self, x, q, kv, attend_mask) -> torch.Tensor:
+    def attention_and_mlp(self, x, q, kv, attend_mask, next_norm_weight: torch.Tensor):
+        """The residual stream after this layer, and it normalised by the next norm (the next layer's input norm,
+        or the stack's final norm): the add and the norm fuse into one kernel across the layer boundary."""
         x = x + self.self_attn.attend(q, kv, attend_mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, rms_norm(x, next_norm_weight, self.post_attention_layernorm.eps)
 
-    def forward(self, x, positions, kv_cache, attend_mask):
+    def forward(self, x, normed, positions, kv_cache, attend_mask, next_norm_weight):
+        """`x`: the residual stream `[B, T, H]`; `normed`: it after this layer's input norm. Returns both for the
+        next layer (see `attention_and_mlp`)."""
         # The cache write sits between two cache-free halves: `optimize_for_decode` compiles the halves and the
         # in-place write stays one plain scatter into the caller's cache (no functionalised copy of it).
-        q, kv = self.attention_inputs(x, positions)
+        q, kv = self.attention_inputs(normed, positions)
         kv_cache.scatter_(3, positions[None, :, None, :, None].expand_as(kv), kv)
-        return self.attention_and_mlp(x, q, kv_cache[:, :, :, : attend_mask.shape[-1]], attend_mask)
+        return self.attention_and_mlp(x, q, kv_cache[:, :, :, : attend_mask.shape[-1]], attend_mask, next_norm_weight)
 
 
 class Qwen3DecoderStack(nn.Module):
@@ -179,13 +193,14 @@ class Qwen3DecoderStack(nn.Module):
         """
         key_positions = torch.arange(attended_length, device=positions.device)
         attend_mask = key_positions[None, None, None, :] <= positions[:, None, :, None]
-        x = inputs_embeds
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, kv_cache, attend_mask)
-        return self.norm(x)
+        x, normed = inputs_embeds, self.layers[0].input_layernorm(inputs_embeds)
+        next_norms = [layer.input_layernorm.weight for layer in self.layers[1:]] + [self.norm.weight]
+        for layer, kv_cache, next_norm_weight in zip(self.layers, kv_caches, next_norms, strict=True):
+            x, normed = layer(x, normed, positions, kv_cache, attend_mask, next_norm_weight)
+        return normed
 
     def optimize_for_decode(self) -> None:
-        """Fuse projections and `torch.compile` every layer's two cache-free halves and the final norm (CUDA
+        """Fuse projections and `torch.compile` every layer's two cache-free halves and the first norm (CUDA
         serving). Fusing each half's element-wise work turns ~70 small kernels per layer into ~12, which is what
         bounds a decode step at small batch; layers share one compiled artifact per shape class."""
         if self.optimized:
@@ -196,4 +211,5 @@ class Qwen3DecoderStack(nn.Module):
             layer.mlp.fuse_projections()
             layer.attention_inputs = torch.compile(layer.attention_inputs, dynamic=True, fullgraph=True)
             layer.attention_and_mlp = torch.compile(layer.attention_and_mlp, dynamic=True, fullgraph=True)
-        self.norm.forward = torch.compile(self.norm.forward, dynamic=True, fullgraph=True)
+        first_norm = self.layers[0].input_layernorm
+        first_norm.forward = torch.compile(first_norm.forward, dynamic=True, fullgraph=True)
