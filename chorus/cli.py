@@ -40,6 +40,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         redis_url=os.environ.get("REDIS_URL"),
         log_format=args.log_format,
         grace_s=args.grace_s,
+        speech_in_one_process=args.speech_in_one_process,
     )
     print("chorus up: starting redis, talker, vocoder, diffusion and gateway (tiny models by default)…", flush=True)
     stack.start()
@@ -57,8 +58,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         "\nChorus is up.\n"
         f"  REST API   http://127.0.0.1:{ports.rest}   (GET /ready, /health, /docs)\n"
         f"  gRPC API   127.0.0.1:{ports.grpc['gateway']}   (chorus.v1.Chorus; reflection on)\n"
-        f"  talker     127.0.0.1:{ports.grpc['talker']}\n"
-        f"  vocoder    127.0.0.1:{ports.grpc['vocoder']}\n"
+        f"  talker     127.0.0.1:{stack.backend_port('talker')}\n"
+        f"  vocoder    127.0.0.1:{stack.backend_port('vocoder')}\n"
         f"  diffusion  127.0.0.1:{ports.grpc['diffusion']}\n"
         f"  redis      {stack.redis_url}   ({redis_note})\n"
         "Press Ctrl-C to stop.",
@@ -111,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--timeout-s", type=float, default=300.0, help="How long to wait for every service to be healthy.")
     up.add_argument("--grace-s", type=float, default=10.0, help="Drain time for in-flight requests on stop.")
     up.add_argument("--log-format", choices=("text", "json"), default="text")
+    up.add_argument(
+        "--speech-in-one-process",
+        action="store_true",
+        help="Run talker and vocoder as one process (`chorus serve speech`): on one GPU their kernels interleave.",
+    )
     up.set_defaults(handler=_cmd_up)
 
     config = commands.add_parser("config", help="Print the configuration reference (every flag and env var).")

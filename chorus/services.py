@@ -1,4 +1,4 @@
-"""The four Chorus processes: where each one's config and service class live.
+"""The Chorus processes: where each one's config and service class live.
 
 Imported lazily by name so `chorus serve gateway` never imports torch.
 """
@@ -37,6 +37,8 @@ SERVICES = {
     "diffusion": ServiceEntry(
         "chorus.diffusion.config:DiffusionConfig", "chorus.diffusion.service:DiffusionService", "chorus.v1.Diffusion"
     ),
+    # Talker and vocoder in one process on one GPU (chorus.speech); an alternative to running them apart.
+    "speech": ServiceEntry("chorus.speech:SpeechConfig", "chorus.speech:SpeechService", ""),
     "gateway": ServiceEntry(
         "chorus.gateway.config:GatewayConfig", "chorus.gateway.service:GatewayService", "chorus.v1.Chorus"
     ),

@@ -1,4 +1,5 @@
-"""`chorus up`: the whole stack as local processes — Redis, talker, vocoder, diffusion, gateway.
+"""`chorus up`: the whole stack as local processes — Redis, talker, vocoder, diffusion, gateway (or, with
+`speech_in_one_process`, Redis, speech = talker + vocoder, diffusion, gateway).
 
 Children run `chorus serve <name>` in their own process group (so a terminal Ctrl-C reaches only
 this parent, which then drains them once with SIGTERM) and are asked by the kernel to die with
@@ -37,6 +38,7 @@ class StackPorts:
         """Fixed ports from the bases given, or free ones where a base is 0."""
         names = ("gateway", *BACKENDS)
         grpc_ports = {name: (grpc_port_base + i if grpc_port_base else free_port()) for i, name in enumerate(names)}
+        grpc_ports["speech"] = grpc_ports["talker"]  # the one-process talker + vocoder takes the talker's port
         return cls(rest=rest_port or free_port(), grpc=grpc_ports)
 
 
@@ -47,6 +49,7 @@ class LocalStack:
     log_format: str = "text"
     grace_s: float = 10.0
     extra_env: dict[str, str] = field(default_factory=dict)
+    speech_in_one_process: bool = False
     children: dict[str, subprocess.Popen] = field(default_factory=dict)
     redis: LocalRedis | None = None
 
@@ -54,13 +57,21 @@ class LocalStack:
         if self.redis_url is None:
             self.redis = start_local_redis(Path(tempfile.mkdtemp(prefix="chorus-redis-")))
             self.redis_url = self.redis.url
-        for name in (*BACKENDS, "gateway"):
+        for name in (*self.backend_processes, "gateway"):
             self.children[name] = subprocess.Popen(
                 [sys.executable, "-m", "chorus.cli", "serve", name],
                 env=self._env_for(name),
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
+
+    @property
+    def backend_processes(self) -> tuple[str, ...]:
+        return ("speech", "diffusion") if self.speech_in_one_process else BACKENDS
+
+    def backend_port(self, backend: str) -> int:
+        """The port serving `backend` (talker, vocoder or diffusion)."""
+        return self.ports.grpc["speech" if self.speech_in_one_process and backend != "diffusion" else backend]
 
     def _env_for(self, name: str) -> dict[str, str]:
         prefix = SERVICES[name].load_config_class().env_prefix
@@ -73,13 +84,13 @@ class LocalStack:
             env[prefix + "REST_PORT"] = str(self.ports.rest)
             env[prefix + "REDIS_URL"] = self.redis_url or ""
             for backend in BACKENDS:
-                env[f"{prefix}{backend.upper()}_TARGETS"] = f"127.0.0.1:{self.ports.grpc[backend]}"
+                env[f"{prefix}{backend.upper()}_TARGETS"] = f"127.0.0.1:{self.backend_port(backend)}"
         return env
 
     def wait_ready(self, timeout_s: float, on_ready=lambda name, seconds: None) -> None:
         """Blocks until every service is SERVING and the gateway's /ready is true."""
         started = time.monotonic()
-        pending = set(SERVICES)
+        pending = set(self.children)
         while pending:
             for name in sorted(pending):
                 self._raise_if_exited(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from pathlib import Path
 
 import grpc
@@ -18,7 +19,9 @@ from chorus.talker.engine.engine import EngineConfig, EngineFullError, TalkerEng
 from chorus.talker.engine.request import FinishReason
 from chorus.talker.engine.stream import FrameStream
 from chorus.talker.loader import build_talker, resolve_device_dtype
+from chorus.talker.prompt import VoiceRequest
 from chorus.talker.sampling import SamplingParams
+from chorus.talker.speaker_cache import SpeakerVectorCache
 from chorus.v1 import common_pb2, talker_pb2, talker_pb2_grpc
 from chorus.wire import chunk_to_codes, codes_to_chunk
 
@@ -62,20 +65,37 @@ def _reference_audio(data: bytes) -> torch.Tensor:
     return torch.from_numpy(waveform)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _PendingSpeakerVector:
+    """A request whose reference audio the engine embeds at prefill (`voice.speaker_vector`)."""
+
+    audio_key: str
+    voice: VoiceRequest
+
+    def store(self, cache: SpeakerVectorCache) -> None:
+        if self.voice.speaker_vector is not None:
+            cache.put(self.audio_key, self.voice.speaker_vector)
+
+
 class TalkerServicer(talker_pb2_grpc.TalkerServicer):
     def __init__(self, service: TalkerService) -> None:
         self.service = service
 
-    def _submit(self, engine: TalkerEngine, request: talker_pb2.SynthesisRequest) -> FrameStream:
+    def _submit(
+        self, engine: TalkerEngine, request: talker_pb2.SynthesisRequest
+    ) -> tuple[FrameStream, _PendingSpeakerVector | None]:
+        """The request's stream, and on a speaker-cache miss what to cache once the engine embedded the audio."""
         modes, _, _ = engine.voices()
         mode = _MODES.get(request.task_type, modes[0])
         if mode not in modes:
             raise InvalidRequest(f"task_type: this checkpoint serves {', '.join(modes)}, not {mode}")
         clone = request.voice_clone
         speaker_vector = torch.tensor(clone.speaker_embedding) if clone.speaker_embedding else None
-        ref_audio = (
-            _reference_audio(clone.reference_audio) if clone.reference_audio and speaker_vector is None else None
-        )
+        audio_key = None
+        if clone.reference_audio and speaker_vector is None:
+            audio_key = SpeakerVectorCache.key(clone.reference_audio)
+            speaker_vector = self.service.speaker_vectors.get(audio_key)
+        ref_audio = _reference_audio(clone.reference_audio) if audio_key and speaker_vector is None else None
         ref_codes = None
         if clone.reference_codes.num_frames and not clone.x_vector_only:
             ref_codes = torch.from_numpy(chunk_to_codes(clone.reference_codes, "voice_clone.reference_codes"))
@@ -94,11 +114,12 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
         seed = request.seed if request.HasField("seed") else None
         sampling = _sampling(engine.loaded.sampling_defaults, request.sampling, seed)
         try:
-            return engine.submit(
+            stream = engine.submit(
                 request.request_id, voice, sampling, request.max_frames or None, ignore_eos=request.ignore_eos
             )
         except EngineFullError as exc:
             raise Overloaded(str(exc), retry_after_s=1.0) from None
+        return stream, (_PendingSpeakerVector(audio_key, voice) if ref_audio is not None else None)
 
     async def Synthesize(self, request_iterator, context):
         engine = self.service.require_engine()
@@ -110,12 +131,15 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
         request.request_id = request.request_id or request_id_var.get()
         request_id_var.set(request.request_id)
         chunk_frames = request.chunk_frames or self.service.config.chunk_frames
-        stream = self._submit(engine, request)
+        stream, pending_vector = self._submit(engine, request)
         feeder = asyncio.create_task(self._feed_text(engine, request, messages))
         try:
             sequence = frame_offset = 0
             # The first chunk leaves after the first frame (time to first audio); then full chunks.
             while (frames := await stream.read(1 if sequence == 0 else chunk_frames, chunk_frames)) is not None:
+                if pending_vector is not None:  # a frame exists: the engine has embedded the reference
+                    pending_vector.store(self.service.speaker_vectors)
+                    pending_vector = None
                 yield talker_pb2.SynthesizeOutput(chunk=codes_to_chunk(frames, sequence, frame_offset))
                 sequence += 1
                 frame_offset += len(frames)
@@ -185,9 +209,13 @@ class TalkerService(Service):
     name = "talker"
     grpc_services = ("chorus.v1.Talker",)
 
-    def __init__(self, config: TalkerConfig) -> None:
+    def __init__(self, config: TalkerConfig, stream_priority: int | None = None) -> None:
+        """`stream_priority`: run the engine on a CUDA stream of its own (when sharing a process, see
+        `chorus.speech`)."""
         self.config = config
+        self.stream_priority = stream_priority
         self.engine: TalkerEngine | None = None
+        self.speaker_vectors = SpeakerVectorCache()
         self._collector = None
 
     def require_engine(self) -> TalkerEngine:
@@ -210,6 +238,7 @@ class TalkerService(Service):
             max_buffered_frames=config.max_buffered_frames,
             use_cuda_graphs=config.use_cuda_graphs,
             compile_step=config.compile_step,
+            stream_priority=self.stream_priority,
         )
         engine = TalkerEngine(loaded, engine_config)
         engine.runner.warmup()  # capture CUDA graphs now, not on the first request of each batch size

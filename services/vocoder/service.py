@@ -112,8 +112,10 @@ class VocoderService(Service):
     name = "vocoder"
     grpc_services = ("chorus.v1.Vocoder",)
 
-    def __init__(self, config: VocoderConfig) -> None:
+    def __init__(self, config: VocoderConfig, stream_priority: int | None = None) -> None:
+        """`stream_priority`: decode on a CUDA stream of its own (when sharing a process, see `chorus.speech`)."""
         self.config = config
+        self.stream_priority = stream_priority
         self.engine: DecodeEngine | None = None
 
     def require_engine(self) -> DecodeEngine:
@@ -134,7 +136,12 @@ class VocoderService(Service):
         )
         # Loading (and graph capture) runs off the loop so health keeps answering NOT_SERVING meanwhile.
         engine = await asyncio.to_thread(
-            build_engine, config, settings, use_cuda_graphs=config.use_cuda_graphs, on_batch=_record_batch
+            build_engine,
+            config,
+            settings,
+            use_cuda_graphs=config.use_cuda_graphs,
+            on_batch=_record_batch,
+            stream_priority=self.stream_priority,
         )
         await engine.start()
         metrics.LIVE_STREAMS.set_function(lambda: engine.stats().live_streams)

@@ -45,10 +45,22 @@ def is_alive(pid: int) -> bool:
     return state != "Z"
 
 
-def start_stack() -> tuple[subprocess.Popen, dict[str, str]]:
+def start_stack(*flags: str) -> tuple[subprocess.Popen, dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "chorus.cli", "up", "--rest-port", "0", "--grpc-port-base", "0", "--grace-s", "5"],
+        [
+            sys.executable,
+            "-m",
+            "chorus.cli",
+            "up",
+            "--rest-port",
+            "0",
+            "--grpc-port-base",
+            "0",
+            "--grace-s",
+            "5",
+            *flags,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -85,7 +97,8 @@ def test_chorus_up_serves_everything_and_stops_cleanly(stack):
     assert ready.status_code == 200, ready.text
     assert ready.json()["ready"] is True and ready.json()["redis"] is True
     assert httpx.get(endpoints["rest"] + "/health", timeout=5).json() == {"status": "ok"}
-    for name, entry in SERVICES.items():
+    for name in ("talker", "vocoder", "diffusion", "gateway"):
+        entry = SERVICES[name]
         with grpc.insecure_channel(endpoints[name]) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=entry.grpc_service), timeout=5
@@ -125,3 +138,21 @@ def test_a_killed_chorus_up_leaves_no_orphans(stack):
     while [pid for pid in children if is_alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in children if is_alive(pid)], "orphans left behind"
+
+
+def test_chorus_up_with_speech_in_one_process():
+    process, endpoints = start_stack("--speech-in-one-process")
+    try:
+        assert endpoints["talker"] == endpoints["vocoder"], "one process serves both"
+        children = descendants(process.pid)
+        assert len(children) == 4  # redis-server, speech, diffusion, gateway
+        speech = {"model": "tiny", "input": "Hello.", "voice": "ryan", "response_format": "pcm", "max_frames": 20}
+        reply = httpx.post(endpoints["rest"] + "/v1/audio/speech", json=speech, timeout=60)
+        assert reply.status_code == 200 and len(reply.content) > 0, reply.text
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+        assert "stopped (speech 0, diffusion 0, gateway 0)" in process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

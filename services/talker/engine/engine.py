@@ -17,6 +17,7 @@ from collections import deque
 import numpy as np
 import torch
 
+from chorus.runtime.streams import use_own_stream
 from chorus.talker.engine.request import FinishReason, Status, TalkerRequest
 from chorus.talker.engine.runner import DecodeLaunch, TalkerRunner, kv_bytes_per_position, slots_for_memory
 from chorus.talker.engine.scheduler import Scheduler
@@ -43,6 +44,7 @@ class EngineConfig:
     max_prefills_per_step: int = 4
     use_cuda_graphs: bool = True
     compile_step: bool = False
+    stream_priority: int | None = None  # run on a CUDA stream of this priority (None: the default stream)
     kv_memory_fraction: float = 0.8
 
 
@@ -248,6 +250,7 @@ class TalkerEngine:
     def _loop(self) -> None:
         if self.runner.device.type == "cuda":
             torch.cuda.set_device(self.runner.device)  # graphs and streams belong to the thread's current device
+        use_own_stream(self.runner.device, self.config.stream_priority)
         while not self._stopping:
             try:
                 did_work = self.step()

@@ -42,6 +42,7 @@ def build_engine(
     graph_chunk_frames: tuple[int, ...] = (1, 25),
     use_cuda_graphs: bool = True,
     on_batch: Callable[[BatchReport], None] | None = None,
+    stream_priority: int | None = None,
 ) -> DecodeEngine:
     """A not-yet-started engine for `config` (call `await engine.start()`). On CUDA, graphs are captured for
     every (batch bucket, chunk length) in `graph_batch_sizes(settings.max_batch_size)` × `graph_chunk_frames`."""
@@ -57,4 +58,4 @@ def build_engine(
         graph_batch_sizes=graph_batch_sizes(settings.max_batch_size) if is_graphed else (),
         graph_chunk_frames=graph_chunk_frames if is_graphed else (),
     )
-    return DecodeEngine(runner, settings, encoder=codec.encoder, on_batch=on_batch)
+    return DecodeEngine(runner, settings, encoder=codec.encoder, on_batch=on_batch, stream_priority=stream_priority)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from chorus.runtime.errors import InvalidRequest, Overloaded, Unavailable
+from chorus.runtime.streams import use_own_stream
 from chorus.vocoder.engine.encoding import EncodedAudio, encode_audio_bytes
 from chorus.vocoder.engine.runner import CodecRunner
 from chorus.vocoder.engine.stream import PcmPiece, PendingFrames, StreamRecord, StreamStatus
@@ -66,8 +67,10 @@ class DecodeEngine:
         settings: EngineSettings | None = None,
         encoder: CodecEncoder | None = None,
         on_batch: Callable[[BatchReport], None] | None = None,
+        stream_priority: int | None = None,
     ) -> None:
-        """`on_batch` is called on the event loop after every batched decode (metrics hook)."""
+        """`on_batch` is called on the event loop after every batched decode (metrics hook); `stream_priority`:
+        decode on a CUDA stream of this priority (None: the default stream)."""
         settings = settings or EngineSettings()
         self.runner = runner
         self.encoder = encoder
@@ -77,7 +80,12 @@ class DecodeEngine:
         self._free_slots = collections.deque(range(runner.max_streams))
         self._streams: dict[int, StreamRecord] = {}
         self._wakeup = asyncio.Event()
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vocoder-runner")
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            1,
+            thread_name_prefix="vocoder-runner",
+            initializer=use_own_stream,
+            initargs=(runner.device, stream_priority),
+        )
         self._task: asyncio.Task | None = None
         self._is_stopping = False
         self._on_batch = on_batch
