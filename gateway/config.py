@@ -28,6 +28,9 @@ class GatewayConfig(ServiceConfig):
     rate_limit_per_s: float = option(0.0, "Requests per second per API key (token bucket in Redis); 0 = no limit.")
     rate_limit_burst: int = option(20, "Token bucket size: requests a key may send at once.")
     request_ttl_s: int = option(3600, "How long request records and output journals stay in Redis.")
+    max_output_lead_s: float = option(
+        30.0, "Seconds of audio a speech run may make ahead of what its client read; beyond it, that request pauses."
+    )
     journal_max_entries: int = option(10_000, "Most audio chunks journaled per request (oldest trimmed first).")
     talker_max_in_flight: int = option(16, "Speech requests running at once on the talker backend.")
     vocoder_max_in_flight: int = option(16, "Speech requests running at once on the vocoder backend.")

@@ -148,6 +148,7 @@ async def start_speech(
         body.response_format,
         speed=body.speed,
         max_concurrent_segments=ctx.config.speech_concurrent_segments,
+        max_lead_s=ctx.config.max_output_lead_s,
     )
     ctx.runs.start(run, slot, is_detachable=True)
     return record

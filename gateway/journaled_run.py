@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 
+from chorus.gateway.output_lead import OutputLead
 from chorus.gateway.state.cancel import wait_for_cancel
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import CANCELLED, DONE, FAILED, RUNNING, RequestStore
@@ -21,6 +22,8 @@ log = logging.getLogger("chorus.gateway.run")
 
 
 class JournaledRun:
+    lead: OutputLead | None = None  # runs whose output waits for its readers set one
+
     def __init__(self, requests: RequestStore, journal: OutputJournal, request_id: str) -> None:
         self.requests = requests
         self.journal = journal

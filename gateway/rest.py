@@ -21,6 +21,7 @@ from chorus.gateway.context import GatewayContext
 from chorus.gateway.errors import UnsupportedMediaType, envelope, error_for_outcome, install_error_handlers
 from chorus.gateway.jobs import DIFFUSION_MODEL, follow_record, start_generation, start_speech
 from chorus.gateway.metrics import CountOutcomes
+from chorus.gateway.multipart_speech import MultipartSpeech, multipart_openapi
 from chorus.gateway.ref_audio import resolve_ref_audio
 from chorus.gateway.schemas import GenerationRequest, RequestView, SpeechRequest
 from chorus.gateway.state.connection import REDIS_ERRORS
@@ -81,6 +82,9 @@ def create_app(ctx: GatewayContext) -> FastAPI:
     config = ctx.config
     app = FastAPI(title="Chorus", version="0.1.0", summary="Text-to-speech and text-to-audio serving.")
     install_error_handlers(app)
+    app.add_middleware(
+        MultipartSpeech, max_ref_audio_bytes=config.max_ref_audio_bytes, max_field_bytes=config.max_body_bytes
+    )
     app.add_middleware(BodyLimit, max_body_bytes=config.max_body_bytes)
     app.add_middleware(CountOutcomes)
 
@@ -120,6 +124,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         responses=_ERROR_RESPONSES,
         dependencies=[Depends(require_json)],
         response_class=Response,
+        openapi_extra=multipart_openapi(),
     )
     async def create_speech(
         body: SpeechRequest,
@@ -127,7 +132,8 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         idempotency_key: str | None = Header(None, max_length=256, description="Same key → same request."),
     ) -> StreamingResponse:
         """Text → speech, OpenAI-compatible: audio bytes as they are made (`stream_format: audio`) or
-        `speech.audio.delta` / `speech.audio.done` events (`sse`). Resume with `/v1/requests/{id}/audio`."""
+        `speech.audio.delta` / `speech.audio.done` events (`sse`). Resume with `/v1/requests/{id}/audio`.
+        The body is JSON, or multipart/form-data with `ref_audio` as a file."""
         body.check_limits(config.max_input_chars)
         ref_audio = None
         if body.ref_audio is not None:
@@ -136,7 +142,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
             )
         record = await start_speech(ctx, body, owner, idempotency_key, ref_audio)
         headers = {"X-Request-Id": record.request_id}
-        chunks = _reading(record.request_id, ctx.journal.read(record.request_id))
+        chunks = ctx.runs.follow(record.request_id, ctx.journal.read(record.request_id))
         first = await anext(chunks, None)
         if first is not None and first.final is not None and first.final["status"] != DONE:
             await chunks.aclose()  # failed before any audio: a proper error status, not a cut stream
@@ -146,12 +152,6 @@ def create_app(ctx: GatewayContext) -> FastAPI:
             return StreamingResponse(as_sse(chunks), media_type="text/event-stream", headers=headers)
         media_type = FORMATS[record.response_format].content_type
         return StreamingResponse(as_bytes(chunks), media_type=media_type, headers=headers)
-
-    async def _reading(request_id: str, entries: AsyncIterator[JournalEntry]) -> AsyncIterator[JournalEntry]:
-        """`entries`, keeping the run alive on this replica while the client reads them."""
-        with ctx.runs.reading(request_id):
-            async for entry in entries:
-                yield entry
 
     @app.post(
         "/v1/audio/generations",
@@ -268,7 +268,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         first, then live): the same bytes an uninterrupted stream would have carried from there on."""
         record = await ctx.owned_record(request_id, owner)
         after = after_sequence if after_sequence is not None else last_event_id
-        journal = _reading(record.request_id, ctx.journal.read(record.request_id, after))
+        journal = ctx.runs.follow(record.request_id, ctx.journal.read(record.request_id, after))
         entries = await _started(skip_bytes(journal, offset_bytes))
         if stream_format == "sse":
             return StreamingResponse(as_sse(entries), media_type="text/event-stream")

@@ -11,8 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+from collections.abc import AsyncIterator
 
 from chorus.gateway.journaled_run import JournaledRun
+from chorus.gateway.output_lead import OutputLead
+from chorus.gateway.state.journal import JournalEntry
+from chorus.gateway.state.requests import FAILED
+from chorus.runtime.errors import ChorusError
+
+log = logging.getLogger("chorus.gateway.run")
 
 
 class RunRegistry:
@@ -21,6 +29,7 @@ class RunRegistry:
         self._tasks: dict[str, asyncio.Task] = {}
         self._num_readers: dict[str, int] = {}
         self._detach_timers: dict[str, asyncio.TimerHandle] = {}
+        self._leads: dict[str, OutputLead] = {}
 
     def start(
         self, run: JournaledRun, slot: contextlib.AsyncExitStack | None = None, is_detachable: bool = True
@@ -30,6 +39,8 @@ class RunRegistry:
         self._tasks[run.request_id] = task
         if is_detachable:
             self._num_readers[run.request_id] = 0
+        if run.lead is not None:
+            self._leads[run.request_id] = run.lead
         task.add_done_callback(lambda _: self._forget(run.request_id))
         return task
 
@@ -37,6 +48,9 @@ class RunRegistry:
     async def _run(run: JournaledRun, slot: contextlib.AsyncExitStack | None) -> str:
         try:
             return await run.run()
+        except ChorusError as exc:  # Redis failed while recording the outcome: readers see the journal stop
+            log.error("request %s: %s", run.request_id, exc)
+            return FAILED
         finally:
             if slot is not None:
                 await slot.aclose()
@@ -63,6 +77,16 @@ class RunRegistry:
                     loop = asyncio.get_running_loop()
                     self._detach_timers[request_id] = loop.call_later(self.detach_grace_s, self._detach, request_id)
 
+    async def follow(self, request_id: str, entries: AsyncIterator[JournalEntry]) -> AsyncIterator[JournalEntry]:
+        """`entries` (of the request's journal), as a reader: keeps the run alive on this replica, and
+        lets it run ahead of what was taken only as far as its `OutputLead` allows."""
+        with self.reading(request_id):
+            async for entry in entries:
+                yield entry
+                lead = self._leads.get(request_id)
+                if lead is not None and entry.final is None:
+                    lead.read(entry.sequence)  # the consumer asked for more: it took this one
+
     def _detach(self, request_id: str) -> None:
         self._detach_timers.pop(request_id, None)
         task = self._tasks.get(request_id)
@@ -72,6 +96,7 @@ class RunRegistry:
     def _forget(self, request_id: str) -> None:
         self._tasks.pop(request_id, None)
         self._num_readers.pop(request_id, None)
+        self._leads.pop(request_id, None)
         timer = self._detach_timers.pop(request_id, None)
         if timer is not None:
             timer.cancel()

@@ -1,7 +1,8 @@
 """Running one speech request: segments → talker/vocoder pipelines → encoder → output journal.
 
 The run's lifecycle (record, cancel, end marker) is `JournaledRun`'s; `RunRegistry` keeps it
-alive while readers follow the journal.
+alive while readers follow the journal, and tells its `OutputLead` how far they got: the run
+pauses while it is `max_lead_s` of audio ahead of them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from chorus.gateway.audio import StreamingEncoder
 from chorus.gateway.journaled_run import JournaledRun
 from chorus.gateway.metrics import REAL_TIME_FACTOR, TIME_TO_FIRST_AUDIO_S
 from chorus.gateway.ordered import ordered_concurrent
+from chorus.gateway.output_lead import OutputLead
 from chorus.gateway.segmenter import split_segments
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import RequestStore
@@ -50,6 +52,7 @@ class SpeechRun(JournaledRun):
         response_format: str,
         speed: float = 1.0,
         max_concurrent_segments: int = 2,
+        max_lead_s: float = 30.0,
     ) -> None:
         super().__init__(requests, journal, request_id)
         self.segments = segments
@@ -58,6 +61,7 @@ class SpeechRun(JournaledRun):
         self.speed = speed
         self.max_concurrent_segments = max_concurrent_segments
         self.time_to_first_audio_s: float | None = None
+        self.lead = OutputLead(max_lead_s)
 
     async def _produce(self) -> dict:
         started = time.monotonic()
@@ -66,13 +70,20 @@ class SpeechRun(JournaledRun):
         sequence, num_samples, sample_rate_hz = 0, 0, 0
         chunks = ordered_concurrent(self.segments, self.source, self.max_concurrent_segments)
         try:
-            async for pcm in chunks:
+            while True:
+                await self.lead.wait_for_room()  # a slow reader: stop pulling from the backends
+                pcm = await anext(chunks, None)
+                if pcm is None:
+                    break
                 samples = chunk_to_pcm(pcm)
                 if encoder is None:
                     sample_rate_hz = pcm.sample_rate_hz
                     encoder = StreamingEncoder(self.response_format, sample_rate_hz, samples.shape[1], self.speed)
                 num_samples += samples.shape[0]
-                sequence = await self._journal(sequence, encoder.encode(samples))
+                data = encoder.encode(samples)
+                if data:
+                    self.lead.journaled(sequence, num_samples / sample_rate_hz)
+                sequence = await self._journal(sequence, data)
                 if self.time_to_first_audio_s is None and sequence > 0:
                     self.time_to_first_audio_s = time.monotonic() - started
                     TIME_TO_FIRST_AUDIO_S.labels("speech").observe(self.time_to_first_audio_s)

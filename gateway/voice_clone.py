@@ -2,7 +2,8 @@
 
 A client that clones one voice for many requests sends the same reference audio each time; its
 codes are computed once per gateway replica (bounded LRU) instead of on every request. The
-talker computes the speaker embedding itself from the reference audio carried in the request.
+talker computes the speaker embedding itself from the reference audio carried in the request,
+likewise once per distinct audio (`chorus.talker.speaker_cache`).
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 redis-py 8 retries a failed command 10 times with backoff by default; a gateway must instead
 answer 503 within about a second, so the client here does not retry and has short timeouts.
 Blocking reads (`XREAD BLOCK`) stay below `socket_timeout_s`, so a live stream never times out.
+Every live stream holds connections (its journal reader, its cancel watch), so the pool is large and
+a command waits up to `pool_wait_s` for a free connection rather than failing when a burst exhausts it.
 """
 
 from __future__ import annotations
@@ -19,14 +21,23 @@ from chorus.runtime.errors import Unavailable
 REDIS_ERRORS = (redis.RedisError, OSError, TimeoutError)
 
 
-def open_redis(url: str, socket_timeout_s: float = 2.0, connect_timeout_s: float = 0.5) -> redis.Redis:
-    return redis.from_url(
+def open_redis(
+    url: str,
+    max_connections: int = 1024,
+    socket_timeout_s: float = 2.0,
+    connect_timeout_s: float = 0.5,
+    pool_wait_s: float = 2.0,
+) -> redis.Redis:
+    pool = redis.BlockingConnectionPool.from_url(
         url,
+        max_connections=max_connections,
+        timeout=pool_wait_s,
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=connect_timeout_s,
         retry=Retry(NoBackoff(), 0),
         decode_responses=False,
     )
+    return redis.Redis(connection_pool=pool)
 
 
 @contextlib.contextmanager

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import io
 import json
 
@@ -13,46 +12,18 @@ import grpc
 import numpy as np
 import openai
 import pytest
+from speech_stack import reference_wav, speech_stack
 
 from chorus.gateway.voice_clone import ReferenceCodes
-from chorus.runtime.host import ServiceHost
-from chorus.talker.config import TalkerConfig
-from chorus.talker.service import TalkerService
 from chorus.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, talker_pb2, vocoder_pb2, vocoder_pb2_grpc
-from chorus.vocoder.config import VocoderConfig
-from chorus.vocoder.service import VocoderService
 
 SAMPLE_RATE_HZ = 24_000
 SAMPLES_PER_FRAME = 1920  # 12.5 Hz codec
 
 
-@contextlib.asynccontextmanager
-async def hosted(config, service):
-    host = ServiceHost(config, service)
-    await host.start()
-    try:
-        yield f"127.0.0.1:{host.port}"
-    finally:
-        await host.stop()
-
-
 @pytest.fixture
 async def stack(start_gateway, redis_url, tmp_path):
-    talker_config = TalkerConfig(
-        device="cpu", metrics_port=-1, max_streams=4, chunk_frames=4, max_frames=40, grace_s=1.0,
-        cache_dir=str(tmp_path), use_cuda_graphs=False,
-    )  # fmt: skip
-    vocoder_config = VocoderConfig(device="cpu", metrics_port=-1, max_streams=4, grace_s=1.0)
-    async with (
-        hosted(talker_config, TalkerService(talker_config)) as talker,
-        hosted(vocoder_config, VocoderService(vocoder_config)) as vocoder,
-        start_gateway(redis_url, talker_targets=(talker,), vocoder_targets=(vocoder,)) as (gateway, http, target),
-    ):
-        backends = gateway.context.backends
-        for _ in range(200):
-            if all(backends.replicas[kind][0].is_healthy for kind in ("talker", "vocoder")):
-                break
-            await asyncio.sleep(0.05)
+    async with speech_stack(start_gateway, redis_url, str(tmp_path)) as (gateway, http, target, _, vocoder):
         yield gateway, http, target, vocoder
 
 
@@ -133,19 +104,6 @@ async def test_grpc_speak_and_list_voices(stack):
     same = await http.post("/v1/audio/speech", json=speech(input="Hello there.", response_format="pcm"))
     assert audio == same.content and len(audio) > 0
     assert "ryan" in [voice.name for voice in voices.voices]
-
-
-def reference_wav() -> bytes:
-    """One second of a tone as a WAV file: a voice-clone reference."""
-    waveform = np.sin(np.linspace(0, 2000, SAMPLE_RATE_HZ)).astype(np.float32) * 0.3
-    buffer = io.BytesIO()
-    with av.open(buffer, "w", format="wav") as container:
-        stream = container.add_stream("pcm_s16le", rate=SAMPLE_RATE_HZ, layout="mono")
-        frame = av.AudioFrame.from_ndarray((waveform * 32767).astype(np.int16)[None, :], format="s16", layout="mono")
-        frame.rate = SAMPLE_RATE_HZ
-        container.mux(stream.encode(frame))
-        container.mux(stream.encode(None))
-    return buffer.getvalue()
 
 
 @pytest.mark.parametrize("clone", [{"ref_text": "A tone."}, {"x_vector_only": True}])

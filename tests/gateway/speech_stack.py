@@ -1,0 +1,67 @@
+"""The real tiny talker and vocoder services on loopback, with a gateway in front (real Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+
+import av
+import numpy as np
+
+from chorus.runtime.host import ServiceHost
+from chorus.talker.config import TalkerConfig
+from chorus.talker.service import TalkerService
+from chorus.vocoder.config import VocoderConfig
+from chorus.vocoder.service import VocoderService
+
+SAMPLE_RATE_HZ = 24_000
+
+
+@contextlib.asynccontextmanager
+async def hosted(config, service):
+    host = ServiceHost(config, service)
+    await host.start()
+    try:
+        yield f"127.0.0.1:{host.port}"
+    finally:
+        await host.stop()
+
+
+@contextlib.asynccontextmanager
+async def speech_stack(start_gateway, redis_url: str, cache_dir: str, talker_overrides: dict | None = None, **gateway):
+    """`(gateway, http, gateway_target, talker_target, vocoder_target)` once both backends are healthy."""
+    talker_settings = dict(
+        device="cpu", metrics_port=-1, max_streams=4, chunk_frames=4, max_frames=40, grace_s=1.0,
+        cache_dir=cache_dir, use_cuda_graphs=False,
+    )  # fmt: skip
+    talker_config = TalkerConfig(**(talker_settings | (talker_overrides or {})))
+    vocoder_config = VocoderConfig(device="cpu", metrics_port=-1, max_streams=4, grace_s=1.0)
+    async with (
+        hosted(talker_config, TalkerService(talker_config)) as talker,
+        hosted(vocoder_config, VocoderService(vocoder_config)) as vocoder,
+        start_gateway(redis_url, talker_targets=(talker,), vocoder_targets=(vocoder,), **gateway) as (
+            service,
+            http,
+            target,
+        ),
+    ):
+        backends = service.context.backends
+        for _ in range(200):
+            if all(backends.replicas[kind][0].is_healthy for kind in ("talker", "vocoder")):
+                break
+            await asyncio.sleep(0.05)
+        yield service, http, target, talker, vocoder
+
+
+def reference_wav() -> bytes:
+    """One second of a tone as a WAV file: a voice-clone reference."""
+    waveform = np.sin(np.linspace(0, 2000, SAMPLE_RATE_HZ)).astype(np.float32) * 0.3
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="wav") as container:
+        stream = container.add_stream("pcm_s16le", rate=SAMPLE_RATE_HZ, layout="mono")
+        frame = av.AudioFrame.from_ndarray((waveform * 32767).astype(np.int16)[None, :], format="s16", layout="mono")
+        frame.rate = SAMPLE_RATE_HZ
+        container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return buffer.getvalue()
