@@ -51,7 +51,7 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-async def _run_ours(engine: DiffusionEngine, args: argparse.Namespace, num_requests: int, tag: str) -> float:
+async def run_requests(engine: DiffusionEngine, args: argparse.Namespace, num_requests: int, tag: str) -> float:
     """Submits `num_requests` at once and returns the wall seconds until the last one finishes."""
 
     async def one(index: int) -> None:
@@ -117,10 +117,10 @@ def _measure(args: argparse.Namespace) -> dict:
                                  on_step=record_step)
         engine.start()
         try:
-            await _run_ours(engine, args, num_concurrent, "warmup")
+            await run_requests(engine, args, num_concurrent, "warmup")
             step_ms_by_samples.clear()
-            single = [await _run_ours(engine, args, 1, f"single{i}") for i in range(args.repeats)]
-            concurrent = [await _run_ours(engine, args, num_concurrent, f"batch{i}") for i in range(args.repeats)]
+            single = [await run_requests(engine, args, 1, f"single{i}") for i in range(args.repeats)]
+            concurrent = [await run_requests(engine, args, num_concurrent, f"batch{i}") for i in range(args.repeats)]
         finally:
             engine.stop()
         results["ours_one_request_s"] = statistics.median(single)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from chorus.diffusion.parallel.plan import PARALLEL_MODES
 from chorus.runtime.config import ServiceConfig, option
 
 
@@ -27,3 +28,21 @@ class DiffusionConfig(ServiceConfig):
     default_guidance_scale: float = option(7.0, "Classifier-free guidance when a request names none.")
     use_cuda_graphs: bool = option(True, "Capture the DiT as CUDA graphs per batch size on CUDA.")
     compile_dit: bool = option(False, "torch.compile the DiT blocks on CUDA (slower start, faster steps).")
+    compile_mode: str = option(
+        "default",
+        "Inductor mode with compile_dit; max-autotune-no-cudagraphs tunes GEMMs per shape (minutes of start-up).",
+        choices=("default", "max-autotune-no-cudagraphs"),  # chorus.diffusion.dit.COMPILE_MODES
+    )
+    attention_backend: str = option(
+        "auto", "SDPA kernel order: auto (PyTorch's choice), flash, or cudnn.", choices=("auto", "cudnn", "flash")
+    )
+    parallel: str = option(
+        "none",
+        "Run one model over several GPUs of this host: cfg (CFG halves on different ranks), tp (tensor "
+        "parallel DiT), sp (Ulysses sequence parallel), cfg+tp or cfg+sp (two CFG groups, each tp or sp).",
+        choices=PARALLEL_MODES,
+    )
+    parallel_degree: int = option(
+        2, "Processes (one GPU each) with parallel; cfg+tp and cfg+sp use 2 CFG groups of degree/2. The tp and sp "
+        "degree must divide the DiT's attention heads (24) and KV heads (12).",
+    )

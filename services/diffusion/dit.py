@@ -5,7 +5,7 @@ in fp32 from fp32 timesteps and frequencies (the stock forward rounds t = atan(Ï
 first, which merges neighbouring steps in fp16/bf16); timesteps are per sample, so a batch may mix steps;
 the rotary tables are built once per length on the device instead of being copied from the host in
 every attention call; attention runs with fused projections (chorus.diffusion.attention); blocks may
-be compiled. Parallel variants (CFG-parallel, tensor-parallel) replace this class.
+be compiled. chorus.diffusion.parallel shards it over processes (CFG rows, heads or tokens).
 """
 
 from __future__ import annotations
@@ -81,6 +81,19 @@ class StableAudioDenoiser:
         cross_context: (B, T, cross_attention_input_dim) text + seconds tokens;
         global_context: (B, 1, global_states_input_dim) seconds embedding.
         Returns the velocity, (B, C, L), in the model dtype."""
+        hidden, cross_states = self.embed(latents, timesteps, cross_context, global_context)
+        hidden = self.run_blocks(hidden, cross_states, self.rotary(hidden.shape[1], hidden.device))
+        return self.project_out(hidden)
+
+    def embed(
+        self,
+        latents: torch.Tensor,
+        timesteps: torch.Tensor,
+        cross_context: torch.Tensor,
+        global_context: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inputs of the first block: hidden (B, 1 + L, inner_dim), the global token first, and the
+        projected cross-attention states (B, T, cross_attention_dim); arguments as __call__."""
         model = self.transformer
         dtype = model.dtype
         cross_states = model.cross_attention_proj(cross_context.to(dtype))
@@ -90,12 +103,22 @@ class StableAudioDenoiser:
         hidden = latents.to(dtype)
         hidden = model.preprocess_conv(hidden) + hidden
         hidden = model.proj_in(hidden.transpose(1, 2))
-        hidden = torch.cat([global_states, hidden], dim=-2)
-        rotary = self._rotary(hidden.shape[1], hidden.device)
+        return torch.cat([global_states, hidden], dim=-2), cross_states
+
+    def run_blocks(
+        self, hidden: torch.Tensor, cross_states: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """hidden: (B, N, inner_dim) through every block; rotary: cos, sin (num_tokens, rotary_dim) fp32 of
+        the whole sequence (sequence-parallel ranks hold a slice of the tokens but attend over all)."""
         # Set around the compiled blocks too: their first call traces SDPA to the kernel chosen here.
         with self._attention_kernels():
             for block in self._blocks:
                 hidden = block(hidden_states=hidden, encoder_hidden_states=cross_states, rotary_embedding=rotary)
+        return hidden
+
+    def project_out(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, 1 + L, inner_dim) after the blocks â†’ velocity (B, C, L) in the model dtype."""
+        model = self.transformer
         hidden = model.proj_out(hidden).transpose(1, 2)[:, :, 1:]
         return model.postprocess_conv(hidden) + hidden
 
@@ -109,7 +132,8 @@ class StableAudioDenoiser:
         angles = 2 * math.pi * timesteps.to(torch.float32)[:, None] * self.time_frequencies[None, :]
         return torch.cat([angles.cos(), angles.sin()], dim=-1)
 
-    def _rotary(self, num_tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotary(self, num_tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: (num_tokens, rotary_dim) fp32 on `device`, built once per length."""
         if num_tokens not in self._rotary_by_length:
             rotary_dim = self.transformer.config.attention_head_dim // 2
             cos, sin = get_1d_rotary_pos_embed(rotary_dim, num_tokens, use_real=True, repeat_interleave_real=False)

@@ -11,6 +11,7 @@ from chorus.diffusion import metrics
 from chorus.diffusion.config import DiffusionConfig
 from chorus.diffusion.engine.engine import DiffusionEngine, StepStats
 from chorus.diffusion.loader import load_models
+from chorus.diffusion.parallel.group import ParallelGroup, rank_device
 from chorus.diffusion.wire import generation_request, output_messages
 from chorus.runtime.errors import Unavailable
 from chorus.runtime.host import Service
@@ -52,6 +53,7 @@ class DiffusionService(Service):
     def __init__(self, config: DiffusionConfig) -> None:
         self.config = config
         self.engine: DiffusionEngine | None = None
+        self.parallel_group: ParallelGroup | None = None
 
     def require_engine(self) -> DiffusionEngine:
         if self.engine is None:
@@ -70,7 +72,22 @@ class DiffusionService(Service):
 
     def _build_engine(self) -> DiffusionEngine:
         config = self.config
-        models = load_models(config.model, config.load_format, config.device, config.dtype)
+        is_parallel = config.parallel != "none"
+        device = str(rank_device(config.device, 0)) if is_parallel else config.device
+        models = load_models(config.model, config.load_format, device, config.dtype)
+        if is_parallel:
+            # Rank 0 steps the whole batch through the group; graphs and compile stay off in parallel modes.
+            self.parallel_group = ParallelGroup.launch(config, models)
+            return DiffusionEngine(
+                models,
+                max_batch_size=config.max_batch_size,
+                batch_window_ms=config.batch_window_ms,
+                max_queue_size=config.max_queue_size,
+                default_num_steps=config.default_num_steps,
+                default_guidance_scale=config.default_guidance_scale,
+                denoiser=self.parallel_group.denoiser,
+                on_step=_record_step,
+            )
         return DiffusionEngine(
             models,
             max_batch_size=config.max_batch_size,
@@ -80,9 +97,14 @@ class DiffusionService(Service):
             default_guidance_scale=config.default_guidance_scale,
             use_cuda_graphs=config.use_cuda_graphs,
             compile_dit=config.compile_dit,
+            compile_mode=config.compile_mode,
+            attention_backend=config.attention_backend,
             on_step=_record_step,
         )
 
     async def close(self) -> None:
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop)
+        if self.parallel_group is not None:
+            await asyncio.to_thread(self.parallel_group.close)
+            self.parallel_group = None

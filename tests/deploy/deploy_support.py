@@ -22,6 +22,7 @@ VALUES_SETS = {
     "gpu-production": (CHART / "ci" / "gpu-values.yaml",),
     "external-redis": (CHART / "ci" / "external-redis-values.yaml",),
     "cpu": (CHART / "ci" / "cpu-values.yaml",),
+    "multi-gpu": (CHART / "ci" / "multigpu-values.yaml",),
 }
 #: Variables the deploy files set for settings another engineer is adding to the gateway.
 PENDING_ENV = frozenset({"CHORUS_GATEWAY_API_KEYS"})

@@ -245,3 +245,33 @@ def test_disabling_a_model_service_leaves_its_targets_empty(render):
     assert f"{FULLNAME}-diffusion" not in by_kind(docs, "HorizontalPodAutoscaler")
     gateway = by_kind(docs, "Deployment")[f"{FULLNAME}-gateway"]
     assert env_values(gateway)["CHORUS_GATEWAY_DIFFUSION_TARGETS"] == ""
+
+
+@pytest.mark.parametrize(("values_set", "parallel", "gpus"), [("gpu-production", "cfg", 2), ("multi-gpu", "cfg+tp", 4)])
+def test_parallel_diffusion_gets_its_gpus_mode_and_nccl_env(render, values_set, parallel, gpus):
+    diffusion = by_kind(render(values_set), "Deployment")[f"{FULLNAME}-diffusion"]
+    env = env_values(diffusion)
+    assert env["CHORUS_DIFFUSION_PARALLEL"] == parallel
+    assert env["CHORUS_DIFFUSION_PARALLEL_DEGREE"] == str(gpus)
+    assert env["NCCL_NVLS_ENABLE"] == "0", "the worker ranks inherit the pod's environment"
+    assert container(diffusion)["resources"]["limits"]["nvidia.com/gpu"] == gpus
+
+
+def test_single_gpu_diffusion_sets_no_parallel_mode(render):
+    env = env_values(by_kind(render("default"), "Deployment")[f"{FULLNAME}-diffusion"])
+    assert "CHORUS_DIFFUSION_PARALLEL" not in env and env["NCCL_NVLS_ENABLE"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (("diffusion.parallel=tp", "diffusion.gpus=1"), "needs gpus >= 2"),
+        (("talker.parallel=tp", "talker.gpus=2"), "only diffusion"),
+        (("diffusion.parallel=ring",), "parallel"),
+        (("diffusion.ncclEnv.CUDA_VISIBLE_DEVICES=0",), "ncclEnv"),
+    ],
+)
+def test_bad_parallel_values_are_refused(helm, overrides, message):
+    result = run_helm(helm, "template", RELEASE, str(CHART), *values_args("default", overrides))
+    assert result.returncode != 0
+    assert message in result.stdout + result.stderr

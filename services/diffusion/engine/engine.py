@@ -30,7 +30,7 @@ from chorus.diffusion.engine.request import (
     RequestLimits,
     StepProgress,
 )
-from chorus.diffusion.engine.runner import DiffusionRunner, SampleSpec, SampleState
+from chorus.diffusion.engine.runner import Denoiser, DiffusionRunner, SampleSpec, SampleState
 from chorus.diffusion.engine.scheduler import BatchScheduler, Entry
 from chorus.diffusion.loader import StableAudioModels
 
@@ -93,15 +93,17 @@ class DiffusionEngine:
         compile_dit: bool = False,
         compile_mode: str = "default",
         attention_backend: str = "auto",
+        denoiser: Denoiser | None = None,
         on_step: Callable[[StepStats], None] | None = None,
     ) -> None:
-        """use_cuda_graphs and compile_dit only act on CUDA devices; see DiffusionRunner (also for
-        compile_mode and attention_backend)."""
-        is_cuda = models.device.type == "cuda"
+        """use_cuda_graphs and compile_dit only act on CUDA devices and not with a given `denoiser`; see
+        DiffusionRunner (also for compile_mode, attention_backend and denoiser)."""
+        is_cuda = models.device.type == "cuda" and denoiser is None
         # Two DiT rows per sample: CFG runs the unconditional branch in the same forward.
         max_graph_rows = 2 * max_batch_size if use_cuda_graphs and is_cuda else 0
         self.runner = DiffusionRunner(models, max_graph_rows=max_graph_rows, compile_dit=compile_dit and is_cuda,
-                                      compile_mode=compile_mode, attention_backend=attention_backend)
+                                      compile_mode=compile_mode, attention_backend=attention_backend,
+                                      denoiser=denoiser)
         self.limits = RequestLimits(
             max_duration_s=models.max_duration_s,
             max_num_outputs=max_batch_size,

@@ -8,7 +8,7 @@ during denoising: the per-step decisions (first/last step, which rows use CFG) a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +30,9 @@ from chorus.diffusion.sampler import (
 # decoder reaches output samples about 10 frames (20480 samples) away, so 32 frames leave the requested
 # samples untouched by the cut.
 DECODE_MARGIN_FRAMES = 32
+
+# latents, timesteps, cross_context, global_context → velocity, as StableAudioDenoiser.__call__.
+Denoiser = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,19 +77,26 @@ class DiffusionRunner:
         compile_dit: bool = False,
         compile_mode: str = "default",
         attention_backend: str = "auto",
+        denoiser: Denoiser | None = None,
     ) -> None:
         """max_graph_rows > 0 captures CUDA graphs of the DiT for up to that many rows (2 per sample with
         CFG) when the models are on a GPU; capture happens here, so build the runner at startup.
         compile_dit compiles the DiT blocks (while capturing: one variant per bucket); it is only allowed
         together with graphs, whose buckets keep the shapes static. compile_mode and attention_backend:
-        see StableAudioDenoiser."""
+        see StableAudioDenoiser. `denoiser` replaces the DiT forward (a parallel group's rank 0); it
+        excludes graphs and compile."""
+        if denoiser is not None and (max_graph_rows > 0 or compile_dit):
+            raise ValueError("denoiser: a given denoiser runs without CUDA graphs or compile")
         if compile_dit and not (max_graph_rows > 0 and models.device.type == "cuda"):
             raise ValueError("compile_dit: needs CUDA graphs on a CUDA device (static shapes)")
         self.models = models
         self._latent_shape = (models.num_latent_channels, models.num_latent_frames)
+        if denoiser is not None:
+            self.denoiser: Denoiser = denoiser
+            return
         denoiser = StableAudioDenoiser(models.transformer, models.time_frequencies, compile_blocks=compile_dit,
                                        compile_mode=compile_mode, attention_backend=attention_backend)
-        self.denoiser: StableAudioDenoiser | GraphedDenoiser = denoiser
+        self.denoiser = denoiser
         if max_graph_rows > 0 and models.device.type == "cuda":
             num_cross_tokens = models.tokenizer.model_max_length + 2  # text tokens, then start and end seconds
             self.denoiser = GraphedDenoiser(denoiser, num_cross_tokens, self._latent_shape)
