@@ -241,7 +241,7 @@ class TalkerService(Service):
             stream_priority=self.stream_priority,
         )
         engine = TalkerEngine(loaded, engine_config)
-        engine.runner.warmup()  # capture CUDA graphs now, not on the first request of each batch size
+        engine.runner.warmup()  # compile and capture now, not on the first requests
         return engine
 
     async def start(self) -> None:

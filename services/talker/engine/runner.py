@@ -140,8 +140,15 @@ class TalkerRunner:
         self._sample_code = torch.compile(sample_code, dynamic=True, fullgraph=True)
 
     def warmup(self, num_length_buckets: int = 1) -> None:
-        """Capture decode graphs for every batch bucket (largest first, so later ones reuse its pool memory) and
-        the first `num_length_buckets` attended lengths, before the service reports SERVING."""
+        """Before the service reports SERVING: run prefills of one and of several rows (compiling their shape
+        classes now rather than on the first requests, which would wait seconds), then capture decode graphs for
+        every batch bucket (largest first, so later ones reuse its pool memory) and the first
+        `num_length_buckets` attended lengths. The slots used are free again afterwards."""
+        hidden_size = self.config.talker.hidden_size
+        for num_rows, num_positions in ((1, 24), (min(2, self.num_slots), 31)):
+            num_positions = min(num_positions, self.max_positions - 1)
+            prompts = [torch.zeros(num_positions - row, hidden_size, device=self.device) for row in range(num_rows)]
+            self.prefill(list(range(num_rows)), prompts)
         if self.graphs is None:
             return
         buckets = sorted({batch_bucket(n, self.num_slots) for n in range(1, self.num_slots + 1)}, reverse=True)
