@@ -32,9 +32,11 @@ class GatewayConfig(ServiceConfig):
         30.0, "Seconds of audio a speech run may make ahead of what its client read; beyond it, that request pauses."
     )
     journal_max_entries: int = option(10_000, "Most audio chunks journaled per request (oldest trimmed first).")
-    talker_max_in_flight: int = option(16, "Speech requests running at once on the talker backend.")
-    vocoder_max_in_flight: int = option(16, "Speech requests running at once on the vocoder backend.")
-    diffusion_max_in_flight: int = option(4, "Text-to-audio requests running at once on the diffusion backend.")
+    # Defaults match one replica of each backend at its defaults (talker 64 slots, vocoder 128 streams,
+    # diffusion batches of 8): more in flight would only queue inside the backend, fewer would leave it idle.
+    talker_max_in_flight: int = option(64, "Speech requests running at once on the talker backend.")
+    vocoder_max_in_flight: int = option(128, "Speech requests running at once on the vocoder backend.")
+    diffusion_max_in_flight: int = option(8, "Text-to-audio requests running at once on the diffusion backend.")
     max_queued: int = option(64, "Requests that may wait for a backend slot, per backend (429 beyond it).")
     queue_timeout_s: float = option(10.0, "Longest wait for a backend slot before 429.")
     diffusion_batch_window_ms: float = option(
