@@ -31,6 +31,11 @@ class GatewayConfig(ServiceConfig):
     max_output_lead_s: float = option(
         30.0, "Seconds of audio a speech run may make ahead of what its client read; beyond it, that request pauses."
     )
+    reconnect_grace_s: float = option(
+        0.4,
+        "How long a run keeps going after its last reader disconnected, for a reconnect to resume it live; "
+        "then its upstream streams are cancelled (GPU slots freed). Async jobs are not affected.",
+    )
     journal_max_entries: int = option(10_000, "Most audio chunks journaled per request (oldest trimmed first).")
     # Defaults match one replica of each backend at its defaults (talker 64 slots, vocoder 128 streams,
     # diffusion batches of 8): more in flight would only queue inside the backend, fewer would leave it idle.

@@ -67,7 +67,7 @@ class GatewayContext:
             api_keys=ApiKeys(config.api_keys),
             rate_limiter=RateLimiter(client, config.rate_limit_per_s, config.rate_limit_burst),
             admission=admission,
-            runs=RunRegistry(),
+            runs=RunRegistry(detach_grace_s=config.reconnect_grace_s),
             diffusion_window=BatchWindow(config.diffusion_batch_window_ms / 1000, config.diffusion_max_batch_size),
             catalog=TalkerCatalog(backends),
             reference_codes=ReferenceCodes(backends),

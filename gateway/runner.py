@@ -24,7 +24,7 @@ log = logging.getLogger("chorus.gateway.run")
 
 
 class RunRegistry:
-    def __init__(self, detach_grace_s: float = 0.75) -> None:
+    def __init__(self, detach_grace_s: float = 0.4) -> None:
         self.detach_grace_s = detach_grace_s
         self._tasks: dict[str, asyncio.Task] = {}
         self._num_readers: dict[str, int] = {}

@@ -189,7 +189,7 @@ async def test_client_disconnect_cancels_the_sync_run(stack):
         return await live_streams(stub) == 0
 
     await wait_for(is_idle, timeout_s=3.0)
-    # Disconnect poll (0.25 s) + detach grace (0.75 s) + the service noticing the cancel.
+    # Disconnect poll (0.25 s) + reconnect grace (0.4 s) + the service noticing the cancel.
     assert time.monotonic() - started < 2.0
     assert gateway.context.admission.backends["diffusion"].num_in_flight == 0
 
