@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     config = commands.add_parser("config", help="Print the configuration reference (every flag and env var).")
     config.set_defaults(handler=_cmd_config)
 
+    from chorus.bench.cli import register as register_bench
+
+    register_bench(commands)
+
     serve = commands.add_parser("serve", help="Run one service (what a container runs).")
     services = serve.add_subparsers(dest="service", required=True)
     from chorus.runtime.config import add_arguments

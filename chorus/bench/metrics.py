@@ -1,0 +1,83 @@
+"""What a benchmark reports about its requests: percentiles, and underruns of a simulated real-time player.
+
+Pure functions over client-side timings (seconds, `time.perf_counter`), so they are tested on hand-made
+timelines. Definitions follow vLLM-Omni's: TTFP is the time from sending a request to its first non-empty
+audio bytes; RTF is end-to-end latency over the audio's duration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+UNDERRUN_THRESHOLD_S = 0.1
+
+
+@dataclasses.dataclass
+class RequestTiming:
+    sent_at: float
+    first_audio_at: float | None = None
+    finished_at: float | None = None
+    # (arrival time, seconds of audio in that piece) for every non-empty piece, in order
+    arrivals: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def audio_s(self) -> float:
+        return sum(duration for _, duration in self.arrivals)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The `q`-th percentile (0–100) with linear interpolation between closest ranks; NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def count_underruns(arrivals: list[tuple[float, float]], threshold_s: float = UNDERRUN_THRESHOLD_S) -> int:
+    """Times a player that starts at the first piece and plays in real time runs dry for more than
+    `threshold_s`. After running dry it waits for the next piece and plays on (its clock shifts by the wait)."""
+    if not arrivals:
+        return 0
+    play_started_at, buffered_s, underruns = arrivals[0][0], 0.0, 0
+    for arrived_at, duration_s in arrivals:
+        deficit_s = (arrived_at - play_started_at) - buffered_s
+        if deficit_s > threshold_s:
+            underruns += 1
+        if deficit_s > 0:
+            play_started_at += deficit_s
+        buffered_s += duration_s
+    return underruns
+
+
+def summarize(timings: list[RequestTiming], wall_s: float) -> dict:
+    """Per-level figures: TTFP and latency percentiles (ms), RTF, audio seconds per wall second, underruns."""
+    done = [t for t in timings if t.error is None and t.first_audio_at is not None]
+    ttfp_ms = [(t.first_audio_at - t.sent_at) * 1000 for t in done]
+    latency_ms = [(t.finished_at - t.sent_at) * 1000 for t in done]
+    rtf = [(t.finished_at - t.sent_at) / t.audio_s for t in done if t.audio_s > 0]
+    underruns = [count_underruns(t.arrivals) for t in done]
+    errors: dict[str, int] = {}
+    for timing in timings:
+        if timing.error is not None:
+            errors[timing.error] = errors.get(timing.error, 0) + 1
+    return {
+        "requests": len(timings),
+        "completed": len(done),
+        "errors": errors,
+        "ttfp_ms": {f"p{q}": _rounded(percentile(ttfp_ms, q)) for q in (50, 90, 95, 99)},
+        "latency_ms": {f"p{q}": _rounded(percentile(latency_ms, q)) for q in (50, 90, 99)},
+        "rtf": {f"p{q}": _rounded(percentile(rtf, q), 4) for q in (50, 99)},
+        "audio_s": round(sum(t.audio_s for t in done), 3),
+        "audio_s_per_s": round(sum(t.audio_s for t in done) / wall_s, 2) if wall_s > 0 else math.nan,
+        "requests_with_underruns": sum(1 for count in underruns if count),
+        "underrun_events": sum(underruns),
+        "wall_s": round(wall_s, 3),
+    }
+
+
+def _rounded(value: float, digits: int = 1) -> float | None:
+    return None if math.isnan(value) else round(value, digits)

@@ -1,0 +1,67 @@
+"""Benchmark output: progress lines while it runs, then JSON + PNG with device, commit and settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from chorus.bench_png import write_grouped_bars
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Progress:
+    """A line per finished level on stderr, and a live request counter when stderr is a terminal."""
+
+    def __init__(self, stream=sys.stderr) -> None:
+        self.stream = stream
+        self.live = stream.isatty()
+
+    def level(self, name: str, num_requests: int):
+        state = {"done": 0}
+        self.name = name
+
+        def one_done() -> None:
+            state["done"] += 1
+            if self.live:
+                print(f"\r  {name}: {state['done']}/{num_requests}", end="", file=self.stream, flush=True)
+
+        return one_done
+
+    def done(self, level: dict) -> None:
+        end = "\n" if not self.live else "\r"
+        print(f"{end}  {self.name}: " + json.dumps(level), file=self.stream, flush=True)
+
+
+def commit() -> str:
+    if os.environ.get("CHORUS_COMMIT"):
+        return os.environ["CHORUS_COMMIT"]
+    completed = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return completed.stdout.strip() or "unknown"
+
+
+def write(out: Path, kind: str, settings: dict, levels: list[dict], targets: list[dict], label: str) -> Path:
+    """`out/e2e-<kind>-<stamp>.json` and `.png` (audio-s/s per level, beside its bound where a target has one)."""
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    report = {
+        "benchmark": f"e2e-{kind}",
+        "label": label,
+        "commit": commit(),
+        "host": platform.node(),
+        "settings": settings,
+        "levels": levels,
+        "targets": targets,
+    }
+    path = out / f"e2e-{kind}-{stamp}.json"
+    path.write_text(json.dumps(report, indent=2))
+    bounds = {t["concurrency"]: t["bound"] for t in targets if t["metric"] == "audio_s_per_s"}
+    write_grouped_bars(
+        path.with_suffix(".png"), [(lv["audio_s_per_s"], bounds.get(lv["concurrency"], 0.0)) for lv in levels]
+    )
+    return path

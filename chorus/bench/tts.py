@@ -1,0 +1,137 @@
+"""`chorus bench tts`: streaming speech through a running gateway (REST chunked PCM and/or gRPC `Speak`) at a
+sweep of concurrency levels; each level keeps exactly `concurrency` requests in flight until its request count
+is done."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+
+import grpc
+import httpx
+
+from chorus.bench.metrics import RequestTiming, summarize
+from chorus.bench.prompts import SPEECH
+from chorus.v1 import gateway_pb2, gateway_pb2_grpc
+
+SAMPLE_RATE_HZ = 24_000
+BYTES_PER_SECOND = 2 * SAMPLE_RATE_HZ  # pcm: 16-bit mono
+
+
+def speech_body(model: str, text: str, seed: int, fixed_frames: int | None, voice: str) -> dict:
+    body = {"model": model, "input": text, "voice": voice, "response_format": "pcm", "seed": seed}
+    if fixed_frames:
+        body |= {"max_frames": fixed_frames, "ignore_eos": True}
+    return body
+
+
+async def rest_request(client: httpx.AsyncClient, body: dict) -> RequestTiming:
+    timing = RequestTiming(sent_at=time.perf_counter())
+    try:
+        async with client.stream("POST", "/v1/audio/speech", json=body) as reply:
+            if reply.status_code != 200:
+                await reply.aread()
+                timing.error = f"HTTP {reply.status_code}"
+                return timing
+            async for data in reply.aiter_bytes():
+                _arrived(timing, len(data))
+    except httpx.HTTPError as exc:
+        timing.error = type(exc).__name__
+    timing.finished_at = time.perf_counter()
+    return timing
+
+
+async def grpc_request(stub: gateway_pb2_grpc.ChorusStub, body: dict, metadata) -> RequestTiming:
+    request = gateway_pb2.SpeakRequest(
+        model=body["model"], input=body["input"], voice=body["voice"], seed=body["seed"],
+        response_format=gateway_pb2.AUDIO_FORMAT_PCM, max_frames=body.get("max_frames", 0),
+        ignore_eos=body.get("ignore_eos", False),
+    )  # fmt: skip
+    timing = RequestTiming(sent_at=time.perf_counter())
+    try:
+        async for output in stub.Speak(request, metadata=metadata):
+            if output.HasField("audio"):
+                _arrived(timing, len(output.audio.data))
+    except grpc.aio.AioRpcError as exc:
+        timing.error = exc.code().name
+    timing.finished_at = time.perf_counter()
+    return timing
+
+
+def _arrived(timing: RequestTiming, num_bytes: int) -> None:
+    if num_bytes == 0:
+        return
+    now = time.perf_counter()
+    if timing.first_audio_at is None:
+        timing.first_audio_at = now
+    timing.arrivals.append((now, num_bytes / BYTES_PER_SECOND))
+
+
+async def run_level(send: Callable[[int], object], concurrency: int, num_requests: int, on_done) -> dict:
+    """`num_requests` calls of `send(index)` with `concurrency` in flight; the level's summary."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(index: int) -> RequestTiming:
+        async with slots:
+            timing = await send(index)
+        on_done()
+        return timing
+
+    started = time.perf_counter()
+    timings = await asyncio.gather(*(one(index) for index in range(num_requests)))
+    return summarize(list(timings), time.perf_counter() - started)
+
+
+async def run(args, progress) -> list[dict]:
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    metadata = tuple(headers.items())
+    limits = httpx.Limits(max_connections=max(args.concurrency) * 2)
+    levels = []
+    async with (
+        httpx.AsyncClient(base_url=args.url, headers=headers, timeout=args.request_timeout_s, limits=limits) as http,
+        grpc.aio.insecure_channel(args.grpc_target) as channel,
+    ):
+        model = args.model or (await http.get("/v1/models")).json()["data"][0]["id"]
+        stub = gateway_pb2_grpc.ChorusStub(channel)
+        texts = [SPEECH[name] for name in args.prompts]
+        transports = ("rest", "grpc") if args.transport == "both" else (args.transport,)
+        for transport, concurrency in itertools.product(transports, args.concurrency):
+            num_requests = args.requests_per_level or max(8, 2 * concurrency)
+
+            def send(index: int, transport=transport):
+                body = speech_body(model, texts[index % len(texts)], index, args.fixed_frames, args.voice)
+                return rest_request(http, body) if transport == "rest" else grpc_request(stub, body, metadata)
+
+            counter = progress.level(f"{transport} c={concurrency}", num_requests)
+            summary = await run_level(send, concurrency, num_requests, counter)
+            levels.append({"transport": transport, "concurrency": concurrency} | summary)
+            progress.done(levels[-1])
+    return levels
+
+
+TARGETS = (  # (concurrency, metric path, bound, "max" or "min"): issue 8's targets on one H100
+    (1, ("ttfp_ms", "p50"), 60.0, "max"),
+    (1, ("rtf", "p50"), 0.08, "max"),
+    (16, ("ttfp_ms", "p50"), 150.0, "max"),
+    (16, ("audio_s_per_s",), 150.0, "min"),
+    (64, ("audio_s_per_s",), 400.0, "min"),
+    (64, ("ttfp_ms", "p95"), 500.0, "max"),
+    (64, ("underrun_events",), 0, "max"),
+)
+
+
+def check_targets(levels: list[dict]) -> list[dict]:
+    """Each target against every measured level of its concurrency (per transport)."""
+    checks = []
+    for concurrency, path, bound, kind in TARGETS:
+        for level in (level for level in levels if level["concurrency"] == concurrency):
+            value = level
+            for key in path:
+                value = value[key]
+            met = value is not None and (value <= bound if kind == "max" else value >= bound)
+            name = ".".join(path)
+            checks.append({"transport": level["transport"], "concurrency": concurrency, "metric": name,
+                           "value": value, "bound": bound, "kind": kind, "met": met})  # fmt: skip
+    return checks

@@ -1,0 +1,101 @@
+"""`chorus bench tts` / `chorus bench diffusion` against a real tiny stack, and the metric functions on
+hand-made timelines."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+
+import pytest
+from speech_stack import hosted, speech_stack
+
+from chorus.bench import diffusion, tts
+from chorus.bench.cli import register
+from chorus.bench.metrics import count_underruns, percentile
+from chorus.bench.report import write
+from chorus.diffusion.config import DiffusionConfig
+from chorus.diffusion.service import DiffusionService
+
+FRAME_S = 0.08
+
+
+def test_percentile_interpolates_between_ranks():
+    assert percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.5
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([0.0, 10.0], 90) == pytest.approx(9.0)
+    assert math.isnan(percentile([], 50))
+
+
+def test_underruns_of_a_real_time_player():
+    steady = [(i * 0.08, 0.08) for i in range(20)]  # each 80 ms piece arrives as the last one ends
+    assert count_underruns(steady) == 0
+    ahead = [(0.0, 1.0), (1.05, 0.5)]  # 50 ms late after a 1 s buffer: under the 100 ms threshold
+    assert count_underruns(ahead) == 0
+    stalls = [(0.0, 0.2), (0.5, 0.2), (0.75, 0.2), (1.5, 0.2)]
+    # dry for 0.3 s at 0.5 (clock shifts), fine at 0.75, dry for 0.55 s at 1.5: two underruns
+    assert count_underruns(stalls) == 2
+    assert count_underruns([]) == 0
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+class _Quiet:
+    def level(self, name, num_requests):
+        return lambda: None
+
+    def done(self, level):
+        pass
+
+
+async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, redis_url, tmp_path):
+    async with speech_stack(start_gateway, redis_url, str(tmp_path)) as (_, http, target, _, _):
+        args = _args([
+            "bench", "tts", "--url", str(http.base_url), "--grpc-target", target, "--concurrency", "1,2",
+            "--requests-per-level", "3", "--fixed-frames", "9", "--prompts", "short", "--out", str(tmp_path),
+        ])  # fmt: skip
+        levels = await tts.run(args, _Quiet())
+    assert [(level["transport"], level["concurrency"]) for level in levels] == [
+        ("rest", 1), ("rest", 2), ("grpc", 1), ("grpc", 2),
+    ]  # fmt: skip
+    for level in levels:
+        assert level["completed"] == 3 and not level["errors"], level
+        assert level["audio_s"] == pytest.approx(3 * 9 * FRAME_S), "fixed frames: audio counted from bytes"
+        assert 0 < level["ttfp_ms"]["p50"] <= level["latency_ms"]["p50"]
+        assert level["rtf"]["p50"] == pytest.approx(level["latency_ms"]["p50"] / 1000 / (9 * FRAME_S), rel=0.5)
+    path = write(tmp_path, "tts", {"concurrency": [1, 2]}, levels, tts.check_targets(levels), "cpu test")
+    report = json.loads(path.read_text())
+    assert report["levels"] == levels and report["targets"][0]["metric"] == "ttfp_ms.p50"
+    assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+async def test_bench_diffusion_runs_concurrent_requests(start_gateway, redis_url, tmp_path):
+    config = DiffusionConfig(device="cpu", metrics_port=-1, batch_window_ms=5, grace_s=1.0)
+    async with (
+        hosted(config, DiffusionService(config)) as replica,
+        start_gateway(redis_url, diffusion_targets=(replica,), diffusion_batch_window_ms=1) as (gateway, http, _),
+    ):
+        for _ in range(200):
+            if gateway.context.backends.replicas["diffusion"][0].is_healthy:
+                break
+            await asyncio.sleep(0.05)
+        args = _args([
+            "bench", "diffusion", "--url", str(http.base_url), "--concurrency", "1,2", "--steps", "3",
+            "--duration-s", "0.5",
+        ])  # fmt: skip
+        levels = await diffusion.run(args, _Quiet())
+    assert [level["concurrency"] for level in levels] == [1, 2]
+    for level in levels:
+        assert level["completed"] == level["concurrency"] and not level["errors"]
+        assert level["latency_s"]["max"] <= level["all_done_s"]
+
+
+def test_an_unreachable_gateway_is_one_line_and_exit_1(tmp_path, capsys):
+    args = _args(["bench", "tts", "--url", "http://127.0.0.1:9", "--out", str(tmp_path)])
+    assert args.handler(args) == 1
+    assert "cannot reach the Chorus gateway at http://127.0.0.1:9" in capsys.readouterr().err
