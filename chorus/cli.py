@@ -123,8 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     config.set_defaults(handler=_cmd_config)
 
     from chorus.bench.cli import register as register_bench
+    from chorus.client.commands import register as register_user_commands
 
     register_bench(commands)
+    register_user_commands(commands)
 
     serve = commands.add_parser("serve", help="Run one service (what a container runs).")
     services = serve.add_subparsers(dest="service", required=True)

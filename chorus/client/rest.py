@@ -1,0 +1,187 @@
+"""REST client (httpx): `Client` (blocking) and `AsyncClient`, the same verbs.
+
+Base URL from the argument, `CHORUS_URL` or `http://127.0.0.1:8000`; API key from the argument or
+`CHORUS_API_KEY`. Streaming speech yields raw audio pieces; the stream object keeps the request id and the bytes
+received, which is all `resume` needs to continue a cut stream byte-identically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import httpx
+
+from chorus.client.errors import GatewayUnreachable, raise_for_reply
+
+
+def _settings(base_url: str | None, api_key: str | None) -> tuple[str, dict]:
+    url = base_url or os.environ.get("CHORUS_URL", "http://127.0.0.1:8000")
+    key = api_key or os.environ.get("CHORUS_API_KEY")
+    return url, ({"authorization": f"Bearer {key}"} if key else {})
+
+
+def speech_body(text: str, model: str | None, voice: str | None, response_format: str, **extensions) -> dict:
+    fields = {"voice": voice, **extensions}
+    body = {"model": model or "", "input": text, "response_format": response_format}
+    return body | {name: value for name, value in fields.items() if value is not None}
+
+
+class SpeechStream:
+    """What a streaming speech call received so far: its request id and byte count."""
+
+    def __init__(self) -> None:
+        self.request_id: str | None = None
+        self.bytes_received = 0
+
+
+class Client:
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, timeout_s: float = 300.0) -> None:
+        self.base_url, headers = _settings(base_url, api_key)
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
+        self._model: str | None = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
+        try:
+            reply = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise GatewayUnreachable(self.base_url, str(exc) or type(exc).__name__) from None
+        raise_for_reply(reply)
+        return reply
+
+    def models(self) -> list[dict]:
+        return self._call("GET", "/v1/models").json()["data"]
+
+    def voices(self) -> dict:
+        return self._call("GET", "/v1/audio/voices").json()
+
+    def status(self, request_id: str) -> dict:
+        return self._call("GET", f"/v1/requests/{request_id}").json()
+
+    def cancel(self, request_id: str) -> dict:
+        return self._call("POST", f"/v1/requests/{request_id}/cancel").json()
+
+    def _speech_model(self, model: str | None) -> str:
+        if model is None and self._model is None:
+            self._model = self.models()[0]["id"]
+        return model or self._model
+
+    def speech(self, text: str, *, model=None, voice=None, response_format="wav", **extensions) -> bytes:
+        """The whole audio file of `text` (extensions: language, instructions, ref_audio, seed, …)."""
+        body = speech_body(text, self._speech_model(model), voice, response_format, **extensions)
+        return self._call("POST", "/v1/audio/speech", json=body).content
+
+    @contextlib.contextmanager
+    def stream_speech(self, text: str, *, model=None, voice=None, response_format="pcm", **extensions):
+        """`with client.stream_speech(...) as (stream, pieces)`: audio pieces as they are made."""
+        body = speech_body(text, self._speech_model(model), voice, response_format, **extensions)
+        state = SpeechStream()
+        try:
+            with self._http.stream("POST", "/v1/audio/speech", json=body) as reply:
+                if reply.status_code >= 400:
+                    reply.read()
+                raise_for_reply(reply)
+                state.request_id = reply.headers.get("x-request-id")
+                yield state, _counted(reply.iter_bytes(), state)
+        except httpx.TransportError as exc:
+            raise GatewayUnreachable(self.base_url, str(exc) or type(exc).__name__) from None
+
+    def resume(self, request_id: str, offset_bytes: int = 0) -> Iterator[bytes]:
+        """The rest of a speech stream after `offset_bytes` already received (journaled, then live)."""
+        try:
+            with self._http.stream(
+                "GET", f"/v1/requests/{request_id}/audio", params={"offset_bytes": offset_bytes}
+            ) as r:
+                if r.status_code >= 400:
+                    r.read()
+                raise_for_reply(r)
+                yield from r.iter_bytes()
+        except httpx.TransportError as exc:
+            raise GatewayUnreachable(self.base_url, str(exc) or type(exc).__name__) from None
+
+    def generate(self, prompt: str, *, on_progress: Callable[[int, int], None] | None = None,
+                 response_format: str = "wav", **fields) -> bytes:  # fmt: skip
+        """Text → audio: starts an async job, reports `on_progress(step, num_steps)`, returns the audio file."""
+        body = {"model": "stable-audio-open-1.0", "prompt": prompt, "response_format": response_format, "mode": "async"}
+        job = self._call("POST", "/v1/audio/generations", json=body | fields).json()
+        request_id = job["id"]
+        with self._http.stream("GET", f"/v1/requests/{request_id}/events") as events:
+            for event in _sse_data(events.iter_lines()):
+                if event.get("type") == "progress" and on_progress is not None:
+                    on_progress(event["step"], event["num_steps"])
+                elif "status" in event and event["status"] in ("done", "failed", "cancelled"):
+                    break
+        return self._call("GET", f"/v1/requests/{request_id}/audio").content
+
+
+class AsyncClient:
+    """The same verbs as `Client`, awaitable."""
+
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, timeout_s: float = 300.0) -> None:
+        self.base_url, headers = _settings(base_url, api_key)
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout_s)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
+        try:
+            reply = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise GatewayUnreachable(self.base_url, str(exc) or type(exc).__name__) from None
+        raise_for_reply(reply)
+        return reply
+
+    async def models(self) -> list[dict]:
+        return (await self._call("GET", "/v1/models")).json()["data"]
+
+    async def voices(self) -> dict:
+        return (await self._call("GET", "/v1/audio/voices")).json()
+
+    async def status(self, request_id: str) -> dict:
+        return (await self._call("GET", f"/v1/requests/{request_id}")).json()
+
+    async def cancel(self, request_id: str) -> dict:
+        return (await self._call("POST", f"/v1/requests/{request_id}/cancel")).json()
+
+    async def speech(self, text: str, *, model=None, voice=None, response_format="wav", **extensions) -> bytes:
+        model = model or (await self.models())[0]["id"]
+        body = speech_body(text, model, voice, response_format, **extensions)
+        return (await self._call("POST", "/v1/audio/speech", json=body)).content
+
+    async def stream_speech(self, text: str, *, model=None, voice=None, response_format="pcm",
+                            **extensions) -> AsyncIterator[bytes]:  # fmt: skip
+        model = model or (await self.models())[0]["id"]
+        body = speech_body(text, model, voice, response_format, **extensions)
+        try:
+            async with self._http.stream("POST", "/v1/audio/speech", json=body) as reply:
+                if reply.status_code >= 400:
+                    await reply.aread()
+                raise_for_reply(reply)
+                async for piece in reply.aiter_bytes():
+                    yield piece
+        except httpx.TransportError as exc:
+            raise GatewayUnreachable(self.base_url, str(exc) or type(exc).__name__) from None
+
+
+def _counted(pieces: Iterator[bytes], state: SpeechStream) -> Iterator[bytes]:
+    for piece in pieces:
+        state.bytes_received += len(piece)
+        yield piece
+
+
+def _sse_data(lines: Iterator[str]) -> Iterator[dict]:
+    for line in lines:
+        if line.startswith("data: "):
+            yield json.loads(line.removeprefix("data: "))

@@ -1,0 +1,128 @@
+"""The Python client (REST and gRPC, blocking and async) and the `chorus say/gen/voices/status/resume` commands
+against a real tiny stack."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import subprocess
+import sys
+
+import av
+import pytest
+from speech_stack import hosted, speech_stack
+
+from chorus.cli import main
+from chorus.client import APIError, AsyncClient, AsyncGrpcClient, Client, GatewayUnreachable, GrpcClient
+from chorus.diffusion.config import DiffusionConfig
+from chorus.diffusion.service import DiffusionService
+
+SAY = {"voice": "ryan", "seed": 3, "max_frames": 12}
+
+
+def decoded(data: bytes) -> tuple[int, float]:
+    with av.open(io.BytesIO(data)) as container:
+        rate = container.streams.audio[0].rate
+        samples = sum(frame.samples for frame in container.decode(audio=0))
+    return rate, samples / rate
+
+
+@pytest.fixture
+async def stack(start_gateway, redis_url, tmp_path):
+    config = DiffusionConfig(device="cpu", metrics_port=-1, batch_window_ms=5, grace_s=1.0)
+    async with (
+        hosted(config, DiffusionService(config)) as diffusion,
+        speech_stack(start_gateway, redis_url, str(tmp_path), diffusion_targets=(diffusion,)) as (
+            gateway, http, target, _, _,
+        ),
+    ):  # fmt: skip
+        for _ in range(200):
+            if gateway.context.backends.replicas["diffusion"][0].is_healthy:
+                break
+            await asyncio.sleep(0.05)
+        yield str(http.base_url), target
+
+
+def in_thread(function, *args, **kwargs):
+    return asyncio.to_thread(function, *args, **kwargs)
+
+
+async def test_rest_clients_speak_stream_resume_and_list(stack):
+    url, _ = stack
+
+    def blocking():
+        with Client(url) as client:
+            wav = client.speech("Hello there.", **SAY)
+            with client.stream_speech("Hello there.", **SAY) as (stream, pieces):
+                first = next(pieces)
+            rest = b"".join(client.resume(stream.request_id, offset_bytes=len(first)))
+            whole = client.speech("Hello there.", response_format="pcm", **SAY)
+            return wav, first + rest, whole, client.voices(), client.status(stream.request_id)
+
+    wav, resumed, whole, voices, status = await in_thread(blocking)
+    rate, duration_s = decoded(wav)
+    assert rate == 24_000 and duration_s > 0
+    assert resumed == whole, "a cut stream resumed from its byte count is the uninterrupted audio"
+    assert "ryan" in voices["voices"] and status["status"] == "done"
+    async with AsyncClient(url) as client:
+        pcm = await client.speech("Hello there.", response_format="pcm", **SAY)
+        streamed = b"".join([piece async for piece in client.stream_speech("Hello there.", **SAY)])
+        assert pcm == streamed == whole
+        assert (await client.models())[0]["id"]
+
+
+async def test_grpc_clients_speak_and_list(stack):
+    url, target = stack
+    model = (await AsyncClient(url).models())[0]["id"]
+    async with AsyncGrpcClient(target) as client:
+        request_id, pcm = await client.speak("Hello there.", model=model, response_format="pcm", **SAY)
+        assert request_id and "ryan" in await client.voices()
+
+    def blocking():
+        with GrpcClient(target) as client:
+            return client.speak("Hello there.", model=model, response_format="pcm", **SAY)[1]
+
+    assert await in_thread(blocking) == pcm and len(pcm) > 0
+
+
+async def test_errors_carry_the_envelope_and_unreachable_is_clear(stack):
+    url, target = stack
+    async with AsyncClient(url) as client:
+        with pytest.raises(APIError) as error:
+            await client.speech("Hello.", voice="nobody")
+    assert error.value.status == 404 and error.value.type and "voice" in error.value.message
+    unreachable = r"cannot reach the Chorus gateway at http://127\.0\.0\.1:9"
+    with pytest.raises(GatewayUnreachable, match=unreachable), Client("http://127.0.0.1:9") as client:
+        client.voices()
+    with pytest.raises(APIError) as grpc_error, GrpcClient(target) as client:
+        await in_thread(client.speak, "Hello.", model="tiny", voice="nobody")
+    assert grpc_error.value.status == "NOT_FOUND"
+
+
+async def test_cli_commands(stack, tmp_path, capsys):
+    url, _ = stack
+    out = tmp_path / "hello.wav"
+    assert await in_thread(main, ["say", "Hello there.", "-o", str(out), "--url", url, "--seed", "3"]) == 0
+    assert decoded(out.read_bytes())[0] == 24_000
+    streamed = tmp_path / "hello.pcm"
+    assert await in_thread(main, ["say", "Hi.", "-o", str(streamed), "--stream", "--url", url]) == 0
+    assert streamed.stat().st_size > 0 and "first audio after" in capsys.readouterr().err
+    audio = tmp_path / "rain.wav"
+    argv = ["gen", "rain", "-o", str(audio), "--url", url, "--steps", "3", "--duration", "0.5"]
+    assert await in_thread(main, argv) == 0
+    assert decoded(audio.read_bytes())[0] == 44_100 and "3/3" in capsys.readouterr().err
+    assert await in_thread(main, ["voices", "--url", url]) == 0
+    assert "ryan" in json.loads(capsys.readouterr().out)["voices"]
+    assert await in_thread(main, ["status", "no-such-request", "--url", url]) == 1
+    assert "chorus status: 404" in capsys.readouterr().err
+
+
+def test_cli_connection_error_is_one_line_without_traceback(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-m", "chorus.cli", "say", "Hi.", "-o", str(tmp_path / "x.wav"), "--url", "http://127.0.0.1:9"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert completed.returncode == 1
+    assert completed.stderr.strip().startswith("chorus say: cannot reach the Chorus gateway at http://127.0.0.1:9")
+    assert "Traceback" not in completed.stderr
