@@ -109,9 +109,10 @@ async def test_cli_commands(stack, tmp_path, capsys):
     assert await in_thread(main, ["say", "Hi.", "-o", str(streamed), "--stream", "--url", url]) == 0
     assert streamed.stat().st_size > 0 and "first audio after" in capsys.readouterr().err
     audio = tmp_path / "rain.wav"
-    argv = ["gen", "rain", "-o", str(audio), "--url", url, "--steps", "3", "--duration", "0.5"]
+    # Enough steps for the progress events (polled) to show while it runs, as in test_generation.
+    argv = ["gen", "rain", "-o", str(audio), "--url", url, "--steps", "100", "--duration", "0.5"]
     assert await in_thread(main, argv) == 0
-    assert decoded(audio.read_bytes())[0] == 44_100 and "3/3" in capsys.readouterr().err
+    assert decoded(audio.read_bytes())[0] == 44_100 and "/100" in capsys.readouterr().err
     assert await in_thread(main, ["voices", "--url", url]) == 0
     assert "ryan" in json.loads(capsys.readouterr().out)["voices"]
     assert await in_thread(main, ["status", "no-such-request", "--url", url]) == 1
