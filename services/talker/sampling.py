@@ -42,9 +42,17 @@ def gumbel_noise(seed: torch.Tensor, frame: torch.Tensor, codebook: int, vocab_s
     row = _hash32(_hash32(_hash32(seed) ^ (seed >> 32)) ^ (frame * 16 + codebook))
     ids = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)
     # The row key is already avalanche-mixed, so xor-ing the id in and hashing again decorrelates neighbours.
-    bits = _hash32(row[:, None] ^ ids[None, :]) >> 8
-    uniform = (bits.float() + 0.5) / float(1 << 24)
-    return -torch.log(-torch.log(uniform))
+    return -torch.log(-torch.log(open_uniform(_hash32(row[:, None] ^ ids[None, :]))))
+
+
+def open_uniform(hashed: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes → float32 uniforms strictly inside (0, 1), so the Gumbel noise is always finite.
+
+    23 bits, not 24: float32 holds `bits + 0.5` exactly only below 2**23, and with 24 bits the top value rounds to
+    exactly 1.0 — infinite noise, which turns a suppressed id's -inf score into NaN and lets argmax pick it.
+    """
+    bits = hashed >> 9
+    return (bits.float() + 0.5) / float(1 << 23)
 
 
 def penalize_and_suppress(

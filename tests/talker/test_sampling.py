@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from chorus.talker.sampling import RowParams, warp
+from chorus.talker.sampling import RowParams, open_uniform, sample_code0, warp
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -40,3 +40,34 @@ def test_greedy_rows_pass_through():
     warped = warp(scores, params)
     assert torch.equal(warped[0], scores[0])
     assert torch.isinf(warped[1]).sum() >= 64 - 5, "the sampling row is filtered"
+
+
+def test_uniforms_stay_inside_the_open_interval_so_gumbel_noise_is_finite():
+    # The extreme hashes once gave u == 1.0: infinite noise, NaN on a suppressed id's -inf score, a control id drawn.
+    hashed = torch.tensor([0, 1, 511, 512, 0xFFFFFF00, 0xFFFFFFFE, 0xFFFFFFFF], dtype=torch.int64)
+    uniform = open_uniform(hashed)
+    assert (uniform > 0).all() and (uniform < 1).all()
+    assert torch.isfinite(-torch.log(-torch.log(uniform))).all()
+
+
+def test_a_suppressed_id_is_not_drawn_where_its_hash_is_the_largest():
+    # Seed 175, frame 16: id 2915 (a control id) hashes to the top 24-bit value; it used to be drawn.
+    vocab, eos, first_control = 3072, 2150, 2048
+    params = RowParams(
+        do_sample=torch.ones(1, dtype=torch.bool),
+        temperature=torch.full((1,), 0.9),
+        top_k=torch.full((1,), 50),
+        top_p=torch.ones(1),
+        seed=torch.tensor([175]),
+    )
+    ids = sample_code0(
+        torch.randn(1, vocab),
+        torch.zeros(1, vocab, dtype=torch.bool),
+        torch.tensor([16]),
+        torch.tensor([1.05]),
+        torch.tensor([1 << 62]),
+        params,
+        eos,
+        first_control,
+    )
+    assert ids.item() < first_control

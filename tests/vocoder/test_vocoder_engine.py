@@ -114,8 +114,10 @@ async def test_overload_and_bad_codes_are_refused(engine):
         engine.open_stream("one too many")
     with pytest.raises(InvalidRequest, match=r"codes: expected \(frames, 16\)"):
         await streams[0].send(np.zeros((2, 8), dtype=np.int64))
-    with pytest.raises(InvalidRequest, match=r"codes: codes must be in \[0, 2048\)"):
-        await streams[0].send(np.full((2, 16), 2048, dtype=np.int64))
+    bad = np.zeros((2, 16), dtype=np.int64)
+    bad[1, 3] = 2048
+    with pytest.raises(InvalidRequest, match=r"codes: codes must be in \[0, 2048\), got 2048 at frame 1, codebook 3"):
+        await streams[0].send(bad)
     streams[3].close()
     with pytest.raises(InvalidRequest, match="context_codes: expected"):
         engine.open_stream("bad context", context_codes=np.zeros((3, 15), dtype=np.int64))

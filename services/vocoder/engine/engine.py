@@ -155,8 +155,13 @@ class DecodeEngine:
         codes = np.asarray(codes)
         if codes.ndim != 2 or codes.shape[1] != self._config.num_quantizers:
             raise InvalidRequest(f"{field}: expected (frames, {self._config.num_quantizers}) codes, got {codes.shape}")
-        if codes.size and (codes.min() < 0 or codes.max() >= self._config.codebook_size):
-            raise InvalidRequest(f"{field}: codes must be in [0, {self._config.codebook_size})")
+        outside = (codes < 0) | (codes >= self._config.codebook_size)
+        if outside.any():
+            frame, codebook = (int(i) for i in np.argwhere(outside)[0])
+            raise InvalidRequest(
+                f"{field}: codes must be in [0, {self._config.codebook_size}), "
+                f"got {codes[frame, codebook]} at frame {frame}, codebook {codebook}"
+            )
         return codes.astype(np.int64, copy=False)
 
     async def _run(self) -> None:
