@@ -2,7 +2,8 @@
 
 Each replica gets one long-lived channel and a task that checks its gRPC health (and reads its
 `GetLoad` report) every `interval_s`. A replica that fails the check stops counting as healthy
-until it passes again. New work goes to the least-loaded healthy replica that is not draining.
+until it passes again (one that is only slow to answer, after a few checks in a row). New work
+goes to the least-loaded healthy replica that is not draining.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ _STUBS = {
 }
 
 log = logging.getLogger("chorus.gateway.backends")
+SLOW_CHECKS_TO_FAIL = 3
 
 
 class Replica:
@@ -34,6 +36,7 @@ class Replica:
         self.target = target
         self.channel = open_channel(target)
         self.is_healthy = False
+        self._slow_checks = 0  # consecutive checks that timed out
         self.num_active = 0  # streams this gateway has open to the replica
         self.load: common_pb2.LoadReport | None = None  # the last report; None until one arrives
         self._health = health_pb2_grpc.HealthStub(self.channel)
@@ -46,12 +49,17 @@ class Replica:
         return reported + self.num_active
 
     async def check(self, timeout_s: float) -> bool:
+        """One health check. A NOT_SERVING answer or a refused connection counts at once; a check that only
+        ran out of time (a busy replica or host) counts after `SLOW_CHECKS_TO_FAIL` in a row: slow is not dead."""
         try:
             request = health_pb2.HealthCheckRequest(service=self.grpc_service)
             reply = await self._health.Check(request, timeout=timeout_s)
             is_healthy = reply.status == health_pb2.HealthCheckResponse.SERVING
-        except grpc.aio.AioRpcError:
-            is_healthy = False
+            self._slow_checks = 0
+        except grpc.aio.AioRpcError as error:
+            timed_out = error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            self._slow_checks = self._slow_checks + 1 if timed_out else 0
+            is_healthy = self.is_healthy and 0 < self._slow_checks < SLOW_CHECKS_TO_FAIL
         if is_healthy != self.is_healthy:
             log.info("%s replica %s is now %s", self.kind, self.target, "healthy" if is_healthy else "unhealthy")
         self.is_healthy = is_healthy

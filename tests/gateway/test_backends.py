@@ -8,7 +8,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from chorus.gateway.backends import BackendPool
+from chorus.gateway.backends import SLOW_CHECKS_TO_FAIL, BackendPool
 from chorus.runtime.errors import Unavailable
 from chorus.v1 import common_pb2, talker_pb2_grpc
 
@@ -69,3 +69,46 @@ async def test_least_loaded_healthy_replica_gets_the_work():
         await pool.close()
         for server, *_ in replicas:
             await server.stop(None)
+
+
+class SlowHealth(health_pb2_grpc.HealthServicer):
+    """Answers SERVING, but the next `slow_answers` checks only after `delay_s` (a busy replica or host)."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s, self.slow_answers, self.num_checks = delay_s, 0, 0
+
+    async def Check(self, request, context):
+        self.num_checks += 1
+        if self.slow_answers:
+            self.slow_answers -= 1
+            await asyncio.sleep(self.delay_s)
+        return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+
+
+async def test_a_slow_check_is_not_a_dead_replica_but_a_run_of_them_is():
+    slow_health, server = SlowHealth(delay_s=0.3), grpc.aio.server()
+    talker_pb2_grpc.add_TalkerServicer_to_server(ReportingTalker(), server)
+    health_pb2_grpc.add_HealthServicer_to_server(slow_health, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    pool = BackendPool({"talker": (f"127.0.0.1:{port}",)}, interval_s=0.05)
+    replica = pool.replicas["talker"][0]
+    pool.start()
+    try:
+        await settle(pool, lambda: replica.is_healthy)
+        slow_health.slow_answers = SLOW_CHECKS_TO_FAIL - 1
+        checks_before, seen_unhealthy = slow_health.num_checks, []
+
+        def slow_checks_done() -> bool:
+            seen_unhealthy.append(not replica.is_healthy)
+            return slow_health.num_checks > checks_before + SLOW_CHECKS_TO_FAIL
+
+        await settle(pool, slow_checks_done)
+        assert not any(seen_unhealthy), "timed-out checks short of the limit keep the replica in rotation"
+        slow_health.slow_answers = 100
+        await settle(pool, lambda: not replica.is_healthy)
+        slow_health.slow_answers = 0
+        await settle(pool, lambda: replica.is_healthy)
+    finally:
+        await pool.close()
+        await server.stop(None)
