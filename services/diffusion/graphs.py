@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from chorus.diffusion.dit import StableAudioDenoiser
+from chorus.runtime.streams import capture_stream, graph_capture
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class GraphedDenoiser:
     def capture(self, max_rows: int, num_warmup_runs: int = 2) -> None:
         """Captures every bucket up to `max_rows`, largest first so smaller graphs reuse its pool."""
         started_s = time.monotonic()
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.cuda.device(self.denoiser.transformer.device):
             for rows in reversed(row_buckets(max_rows)):
                 self._capture_bucket(rows, num_warmup_runs)
         torch.cuda.synchronize(self.denoiser.transformer.device)
@@ -73,14 +74,14 @@ class GraphedDenoiser:
             torch.zeros(rows, 1, config.global_states_input_dim, device=device),
         ]
         # Warm-up on a side stream, as capture requires: it also builds the device rotary tables.
-        stream = torch.cuda.Stream(device)
+        stream = capture_stream()
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for _ in range(num_warmup_runs):
                 self.denoiser(*static)
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with graph_capture(graph, self._pool):
             velocity = self.denoiser(*static)
         self._pool = graph.pool()
         self._graphs[rows] = _Graph(graph, *static, velocity)

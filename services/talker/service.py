@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
+import time
 from pathlib import Path
 
 import grpc
@@ -25,6 +27,7 @@ from chorus.talker.speaker_cache import SpeakerVectorCache
 from chorus.v1 import common_pb2, talker_pb2, talker_pb2_grpc
 from chorus.wire import chunk_to_codes, codes_to_chunk
 
+_log = logging.getLogger(__name__)
 SPEAKER_SAMPLE_RATE_HZ = 24_000
 MAX_REFERENCE_AUDIO_S = 60.0
 _MODES = {
@@ -241,7 +244,14 @@ class TalkerService(Service):
             stream_priority=self.stream_priority,
         )
         engine = TalkerEngine(loaded, engine_config)
+        started = time.perf_counter()
         engine.runner.warmup()  # compile and capture now, not on the first requests
+        graphs = engine.runner.graphs
+        _log.info(
+            "talker warm-up: %d decode graphs in %.1f s",
+            len(graphs.graphs) if graphs is not None else 0,
+            time.perf_counter() - started,
+        )
         return engine
 
     async def start(self) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from chorus.runtime.streams import capture_stream, graph_capture
+
 
 class DecodeGraphs:
     def __init__(self, runner) -> None:
@@ -23,14 +25,14 @@ class DecodeGraphs:
         runner = self.runner
         saved_active = runner.active.clone()
         runner.active.zero_()
-        side = torch.cuda.Stream()
+        side = capture_stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
                 runner.decode_compute(num_rows, attended_length)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with graph_capture(graph, self.pool):
             runner.decode_compute(num_rows, attended_length)
         if self.pool is None:
             self.pool = graph.pool()
