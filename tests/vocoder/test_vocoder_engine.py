@@ -71,6 +71,25 @@ async def test_concurrent_streams_are_batched_and_exact(engine, tiny_codec):
     assert stats.live_streams == 0 and stats.state_bytes == 0 and stats.free_slots == 4
 
 
+async def test_chunks_are_decoded_in_the_allowed_piece_lengths_and_stay_exact(tiny_codec):
+    reports: list[BatchReport] = []
+    engine = DecodeEngine(
+        CodecRunner(tiny_codec.decoder, max_streams=2),
+        EngineSettings(max_batch_size=2, batch_window_s=0.005, piece_lengths=(1, 2, 4, 8)),
+        on_batch=reports.append,
+    )
+    await engine.start()
+    try:
+        codes = random_codes(40, seed=7)
+        waveform, status = await _run_stream(engine, codes, [1, 12, 27])
+    finally:
+        await engine.stop()
+    assert status is StreamStatus.FINISHED
+    assert {report.num_frames for report in reports} <= {1, 2, 4, 8}
+    assert sum(report.num_frames for report in reports) == 40
+    assert np.abs(waveform - _one_shot(tiny_codec.decoder, codes)).max() <= 1e-5
+
+
 async def test_context_codes_prime_without_output(engine, tiny_codec):
     context, generated = random_codes(40, seed=1), random_codes(30, seed=2)
     waveform, _ = await _run_stream(engine, generated, [1, 29], context=context)

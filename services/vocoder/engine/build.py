@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -39,19 +40,22 @@ def build_engine(
     config: VocoderConfig,
     settings: EngineSettings | None = None,
     *,
-    graph_chunk_frames: tuple[int, ...] = (1, 25),
+    graph_chunk_frames: tuple[int, ...] = (1, 2, 4, 8, 16, 25),
     use_cuda_graphs: bool = True,
     on_batch: Callable[[BatchReport], None] | None = None,
     stream_priority: int | None = None,
 ) -> DecodeEngine:
     """A not-yet-started engine for `config` (call `await engine.start()`). On CUDA, graphs are captured for
-    every (batch bucket, chunk length) in `graph_batch_sizes(settings.max_batch_size)` × `graph_chunk_frames`."""
+    every (batch bucket, chunk length) in `graph_batch_sizes(settings.max_batch_size)` × `graph_chunk_frames`;
+    the engine cuts every chunk into those lengths (12 frames decode as 8 + 4), so no decode runs eager."""
     settings = settings or EngineSettings()
     device = resolve_device(config.device)
     codec = load_codec(config.model, load_format=config.load_format, device=device, dtype=resolve_dtype(config.dtype))
     is_graphed = use_cuda_graphs and device.type == "cuda"
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # few distinct conv shapes (graph buckets): autotune each once
+    if is_graphed:
+        settings = dataclasses.replace(settings, piece_lengths=graph_chunk_frames)
     runner = CodecRunner(
         codec.decoder,
         config.max_streams,

@@ -31,6 +31,9 @@ class EngineSettings:
     max_batch_size: int = 64
     batch_window_s: float = 0.002  # wait this long after new work so concurrent chunks share a forward
     max_chunk_frames: int = 25  # longer chunks are decoded in pieces (exact: the state carries over)
+    # Decode pieces of these frame counts only (include 1); empty: any count. On CUDA the captured graph lengths,
+    # so every decode replays a graph: an uncaptured length runs eager and autotunes its convolutions (~1 s).
+    piece_lengths: tuple[int, ...] = ()
     max_pending_frames: int = 1000  # per stream; `send` waits beyond this
     max_pending_outputs: int = 8  # per stream; decoding pauses until the reader catches up
     idle_timeout_s: float = 60.0  # no send and no read for this long: the client is gone
@@ -188,11 +191,18 @@ class DecodeEngine:
         by_length: dict[int, list[tuple[StreamRecord, PendingFrames]]] = collections.defaultdict(list)
         for record in self._streams.values():
             if record.can_schedule():
-                piece = record.take(self.settings.max_chunk_frames)
+                piece = record.take(self._piece_frames(len(record.segments[0].codes)))
                 record.is_in_flight = True
                 by_length[len(piece.codes)].append((record, piece))
         size = self.settings.max_batch_size
         return [group[i : i + size] for group in by_length.values() for i in range(0, len(group), size)]
+
+    def _piece_frames(self, available: int) -> int:
+        """Frames to take from a stream's next segment: the longest of `piece_lengths` that fits, or all of it up
+        to `max_chunk_frames` when any length goes."""
+        limit = min(available, self.settings.max_chunk_frames)
+        fitting = [frames for frames in sorted(self.settings.piece_lengths) if frames <= limit]
+        return fitting[-1] if fitting else limit
 
     async def _decode_batch(self, batch: list[tuple[StreamRecord, PendingFrames]]) -> None:
         slots = [record.slot for record, _ in batch]
