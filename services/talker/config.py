@@ -23,6 +23,9 @@ class TalkerConfig(ServiceConfig):
     chunk_frames: int = option(25, "Default codec frames per chunk after the first (one frame = 80 ms).")
     max_frames: int = option(4096, "Default and upper limit of frames per request.")
     max_positions: int = option(4608, "KV-cache positions per stream (prompt + frames); sets cache memory per slot.")
+    max_prefills_per_step: int = option(
+        16, "New requests prefilled together in one step (one batched forward): a burst is admitted in fewer steps."
+    )
     max_buffered_frames: int = option(50, "Frames a stream may hold unread before its request pauses.")
     use_cuda_graphs: bool = option(True, "Capture the decode step as CUDA graphs per batch bucket on CUDA.")
     compile_step: bool = option(

@@ -239,6 +239,7 @@ class TalkerService(Service):
             max_frames=config.max_frames,
             max_queue=config.max_queue,
             max_buffered_frames=config.max_buffered_frames,
+            max_prefills_per_step=config.max_prefills_per_step,
             use_cuda_graphs=config.use_cuda_graphs,
             compile_step=config.compile_step,
             stream_priority=self.stream_priority,

@@ -216,6 +216,8 @@ def test_bad_sampling_and_limits_are_rejected(tiny_loaded):
     engine.submit("b", _voice(engine))
     with pytest.raises(EngineFullError):
         engine.submit("c", _voice(engine))
+    with pytest.raises(ValueError, match="max_prefills_per_step: must be >= 1, got 0"):
+        _engine(tiny_loaded, max_prefills_per_step=0)
 
 
 def test_a_burst_of_admitted_requests_larger_than_the_queue_all_complete(tiny_loaded):

@@ -41,7 +41,7 @@ class EngineConfig:
     max_frames: int = 4096  # default and upper limit of frames per request
     max_queue: int = 256  # requests waiting for a slot or for text
     max_buffered_frames: int = 50  # per-stream output bound (4 s of audio)
-    max_prefills_per_step: int = 4
+    max_prefills_per_step: int = 16
     use_cuda_graphs: bool = True
     compile_step: bool = False
     stream_priority: int | None = None  # run on a CUDA stream of this priority (None: the default stream)
@@ -68,6 +68,8 @@ class EngineStats:
 
 class TalkerEngine:
     def __init__(self, loaded: LoadedTalker, config: EngineConfig = EngineConfig()) -> None:
+        if config.max_prefills_per_step < 1:
+            raise ValueError(f"max_prefills_per_step: must be >= 1, got {config.max_prefills_per_step}")
         self.loaded = loaded
         self.model_config = loaded.config
         self.config = config
