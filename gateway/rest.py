@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Literal
 
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from chorus.gateway import proto_convert
@@ -42,6 +44,9 @@ _ERROR_RESPONSES = {
     )
 }
 
+
+# The web page (plain HTML, JS modules and CSS; no build step) ships inside the package.
+WEB_DIR = Path(__file__).parent / "web"
 
 _DISCONNECT_POLL_S = 0.25  # how often a waiting synchronous request checks that its client is still there
 
@@ -96,6 +101,13 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         content_type = request.headers.get("content-type", "")
         if content_type.split(";")[0].strip().lower() != "application/json":
             raise UnsupportedMediaType(f"content-type must be application/json, got {content_type or 'none'!r}")
+
+    app.mount("/web", StaticFiles(directory=WEB_DIR), name="web")
+
+    @app.get("/", include_in_schema=False)
+    async def web_page() -> FileResponse:
+        """The web page: try speech, voice clone and text to audio from a browser."""
+        return FileResponse(WEB_DIR / "index.html")
 
     @app.get("/health", tags=["operations"])
     async def health() -> dict[str, str]:
