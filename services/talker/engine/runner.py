@@ -79,7 +79,7 @@ class TalkerRunner:
         weight = model.talker.codec_head.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.num_slots, self.max_positions = num_slots, max_positions
-        talker = self.config.talker
+        talker, predictor = self.config.talker, self.config.code_predictor
         self.talker_cache = torch.zeros(
             talker.num_hidden_layers,
             2,
@@ -87,6 +87,16 @@ class TalkerRunner:
             talker.num_key_value_heads,
             max_positions,
             talker.head_dim,
+            device=self.device,
+            dtype=self.dtype,
+        )
+        self.predictor_cache = torch.zeros(
+            predictor.num_hidden_layers,
+            2,
+            num_slots,
+            predictor.num_key_value_heads,
+            self.config.num_code_groups,
+            predictor.head_dim,
             device=self.device,
             dtype=self.dtype,
         )
@@ -110,7 +120,7 @@ class TalkerRunner:
         self._host_inputs = [torch.zeros(2, num_slots, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
         self._host_outputs = [torch.zeros_like(self.out, device="cpu", pin_memory=pinned) for _ in range(2)]
         self._launches = 0
-        self._sample_code0, self._predict_codes = sample_code0, predict_codes
+        self._sample_code0, self._sample_code = sample_code0, sample_code
         if compile_step and self.device.type == "cuda":
             self._compile()
         self.graphs = None
@@ -127,9 +137,7 @@ class TalkerRunner:
         talker.model.optimize_for_decode()
         talker.code_predictor.model.optimize_for_decode()
         self._sample_code0 = torch.compile(sample_code0, dynamic=True, fullgraph=True)
-        # The 15 code-predictor steps with their sampling as one graph: the per-step glue (embedding lookups,
-        # masks, sampling's element-wise work) fuses across steps instead of costing kernels of its own.
-        self._predict_codes = torch.compile(predict_codes, dynamic=True, fullgraph=True)
+        self._sample_code = torch.compile(sample_code, dynamic=True, fullgraph=True)
 
     def warmup(self, num_length_buckets: int | None = None) -> None:
         """Before the service reports SERVING: run prefills of one and of several rows (compiling their shape
@@ -231,13 +239,21 @@ class TalkerRunner:
     def _predict_frame(self, num_rows: int) -> torch.Tensor:
         """Codebooks 1..15 for rows `[0, num_rows)` → whole frames `[n, 16]`."""
         rows = slice(0, num_rows)
-        return self._predict_codes(
-            self.model.talker,
-            self.last_hidden[rows],
-            self.next_code0[rows],
-            self.num_generated[rows] - 1,
-            _rows(self.params.predictor, rows),
-        )
+        talker, predictor = self.model.talker, self.model.talker.code_predictor
+        kv_caches = self._cache_views(self.predictor_cache, rows)
+        params = _rows(self.params.predictor, rows)
+        frame_index = self.num_generated[rows] - 1
+        code0 = self.next_code0[rows]
+        inputs = torch.stack((self.last_hidden[rows], talker.embed_codec(code0)), dim=1)
+        positions = torch.arange(2, device=self.device).repeat(num_rows, 1)
+        codes = [code0]
+        for codebook in range(1, self.config.num_code_groups):
+            logits = predictor(inputs, positions, kv_caches, head_index=codebook - 1)
+            code = self._sample_code(logits, params, frame_index, codebook)
+            codes.append(code)
+            inputs = predictor.embed(codebook, code)[:, None]
+            positions = torch.full((num_rows, 1), codebook + 1, device=self.device, dtype=torch.long)
+        return torch.stack(codes, dim=1)
 
     def decode_compute(self, num_rows: int, attended_length: int) -> None:
         """One frame for rows `[0, num_rows)` whose `active` flag is set; results in `out`.
@@ -299,32 +315,6 @@ class TalkerRunner:
     def decode(self, active_rows: list[int], text_ids: list[int], max_position: int):
         """`launch` and `collect` in one call."""
         return self.collect(self.launch(active_rows, text_ids, max_position))
-
-
-def predict_codes(talker, last_hidden: torch.Tensor, code0: torch.Tensor, frame_index: torch.Tensor, params: RowParams):
-    """Whole frames `[B, 16]`: codebook 0 `code0 [B]`, then codebooks 1..15 from the code predictor, seeded by the
-    talker's `last_hidden [B, H]`; `frame_index [B]` keys the random draws.
-
-    The predictor's KV cache lives only for the frame (positions 0..15), so it is made here, zeroed: entries past a
-    step's position are masked out of the softmax, and zeros keep them finite in the value product.
-    """
-    predictor = talker.code_predictor
-    block = predictor.model.config
-    num_rows, num_codebooks = code0.shape[0], len(predictor.lm_head) + 1
-    cache = last_hidden.new_zeros(
-        block.num_hidden_layers, 2, num_rows, block.num_key_value_heads, num_codebooks, block.head_dim
-    )
-    kv_caches = list(cache)
-    inputs = torch.stack((last_hidden, talker.embed_codec(code0)), dim=1)
-    positions = torch.arange(2, device=code0.device).repeat(num_rows, 1)
-    codes = [code0]
-    for codebook in range(1, num_codebooks):
-        logits = predictor(inputs, positions, kv_caches, head_index=codebook - 1)
-        code = sample_code(logits, params, frame_index, codebook)
-        codes.append(code)
-        inputs = predictor.embed(codebook, code)[:, None]
-        positions = torch.full((num_rows, 1), codebook + 1, device=code0.device, dtype=torch.long)
-    return torch.stack(codes, dim=1)
 
 
 @dataclasses.dataclass
