@@ -20,7 +20,9 @@ class TalkerConfig(ServiceConfig):
     dtype: str = option("auto", "bfloat16, float16, float32, or auto (bfloat16 on cuda, float32 on cpu).")
     max_streams: int = option(64, "Concurrent synthesis streams (KV-cache slots); 0 sizes them from free GPU memory.")
     max_queue: int = option(256, "Requests waiting for a slot (or for text); more get RESOURCE_EXHAUSTED.")
-    chunk_frames: int = option(25, "Default codec frames per chunk after the first (one frame = 80 ms).")
+    chunk_frames: int = option(
+        25, "Default most codec frames per chunk (one frame = 80 ms); chunks grow 1, 2, 4, … up to it."
+    )
     max_frames: int = option(4096, "Default and upper limit of frames per request.")
     max_positions: int = option(4608, "KV-cache positions per stream (prompt + frames); sets cache memory per slot.")
     max_prefills_per_step: int = option(

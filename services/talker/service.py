@@ -68,6 +68,16 @@ def _reference_audio(data: bytes) -> torch.Tensor:
     return torch.from_numpy(waveform)
 
 
+def chunk_size(sequence: int, chunk_frames: int) -> int:
+    """Frames in chunk `sequence`: 1, 2, 4, … up to `chunk_frames` (fewer only at the end).
+
+    The first audio leaves after one frame (time to first audio), and each next chunk holds about as much audio as
+    all before it: a player that starts on the first chunk has the whole sent audio to play while the next chunk
+    is generated, so it does not run dry while chunks grow to the configured size (a 25-frame chunk right after
+    the first frame would leave it 80 ms of audio to cover the generation of 25 frames)."""
+    return min(chunk_frames, 1 << min(sequence, 30))
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _PendingSpeakerVector:
     """A request whose reference audio the engine embeds at prefill (`voice.speaker_vector`)."""
@@ -138,8 +148,7 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
         feeder = asyncio.create_task(self._feed_text(engine, request, messages))
         try:
             sequence = frame_offset = 0
-            # The first chunk leaves after the first frame (time to first audio); then full chunks.
-            while (frames := await stream.read(1 if sequence == 0 else chunk_frames, chunk_frames)) is not None:
+            while (frames := await stream.read(*[chunk_size(sequence, chunk_frames)] * 2)) is not None:
                 if pending_vector is not None:  # a frame exists: the engine has embedded the reference
                     pending_vector.store(self.service.speaker_vectors)
                     pending_vector = None

@@ -42,14 +42,14 @@ async def synthesize(stub, *messages):
     return chunks, outputs[-1].final
 
 
-async def test_first_chunk_is_one_frame_then_chunks_of_the_configured_size(talker):
+async def test_chunks_grow_from_one_frame_to_the_configured_size(talker):
     stub, _ = talker
-    chunks, final = await synthesize(stub, request(seed=5, max_frames=14, ignore_eos=True))
-    assert [c.num_frames for c in chunks] == [1, 4, 4, 4, 1]
-    assert [c.sequence for c in chunks] == [0, 1, 2, 3, 4]
-    assert [c.frame_offset for c in chunks] == [0, 1, 5, 9, 13]
+    chunks, final = await synthesize(stub, request(seed=5, max_frames=30, ignore_eos=True, chunk_frames=6))
+    assert [c.num_frames for c in chunks] == [1, 2, 4, 6, 6, 6, 5]
+    assert [c.sequence for c in chunks] == [0, 1, 2, 3, 4, 5, 6]
+    assert [c.frame_offset for c in chunks] == [0, 1, 3, 7, 13, 19, 25]
     assert final.reason == common_pb2.FINISH_REASON_MAX_LENGTH
-    assert final.usage.num_frames == 14 and final.usage.audio_s == pytest.approx(14 * 0.08)
+    assert final.usage.num_frames == 30 and final.usage.audio_s == pytest.approx(30 * 0.08)
     assert final.usage.timings.total_ms >= final.usage.timings.first_output_ms > 0
 
 
