@@ -33,8 +33,9 @@ tools: .tools/bin/helm $(if $(CHROMIUM),,chromium)
 .tools/bin/helm: deploy/tools/install-helm.sh
 	bash deploy/tools/install-helm.sh .tools
 
+# Without root or sudo the install fails; the suite still runs and tests/web's browser tests skip, saying why.
 chromium:
-	bash deploy/tools/install-chromium.sh
+	bash deploy/tools/install-chromium.sh || echo "warning: chromium not installed: the browser tests in tests/web will be skipped"
 
 run: install
 	$(BIN)/chorus up
