@@ -30,6 +30,11 @@ class TalkerConfig(ServiceConfig):
     )
     max_buffered_frames: int = option(50, "Frames a stream may hold unread before its request pauses.")
     use_cuda_graphs: bool = option(True, "Capture the decode step as CUDA graphs per batch bucket on CUDA.")
+    warmup_positions: int = option(
+        1024,
+        "Decode graphs for cache lengths up to this are captured before SERVING (bounds start-up); a longer length "
+        "is captured when first reached, pausing decoding once (0: up to max_positions).",
+    )
     compile_step: bool = option(
         True, "torch.compile the decode step's layers and sampling on CUDA (fewer kernels; ~1 min longer warm-up)."
     )

@@ -255,7 +255,7 @@ class TalkerService(Service):
         )
         engine = TalkerEngine(loaded, engine_config)
         started = time.perf_counter()
-        engine.runner.warmup()  # compile and capture now, not on the first requests
+        engine.runner.warmup(config.warmup_positions)  # compile and capture now, not on the first requests
         graphs = engine.runner.graphs
         _log.info(
             "talker warm-up: %d decode graphs in %.1f s",

@@ -139,12 +139,12 @@ class TalkerRunner:
         self._sample_code0 = torch.compile(sample_code0, dynamic=True, fullgraph=True)
         self._sample_code = torch.compile(sample_code, dynamic=True, fullgraph=True)
 
-    def warmup(self, num_length_buckets: int | None = None) -> None:
+    def warmup(self, capture_positions: int | None = None) -> None:
         """Before the service reports SERVING: run prefills of one and of several rows (compiling their shape
         classes now rather than on the first requests, which would wait seconds), then capture decode graphs for
-        every batch bucket (largest first, so later ones reuse its pool memory) and the first
-        `num_length_buckets` attended lengths (None: all up to `max_positions`, so no live step ever stalls every
-        stream for a capture). The slots used are free again afterwards."""
+        every batch bucket (largest first, so later ones reuse its pool memory) and every attended length up to
+        `capture_positions` (None: `max_positions`). A longer length is captured when a step first needs it,
+        pausing the decode loop once. The slots used are free again afterwards."""
         hidden_size = self.config.talker.hidden_size
         for num_rows, num_positions in ((1, 24), (min(2, self.num_slots), 31)):
             num_positions = min(num_positions, self.max_positions - 1)
@@ -153,10 +153,9 @@ class TalkerRunner:
         if self.graphs is None:
             return
         buckets = sorted({batch_bucket(n, self.num_slots) for n in range(1, self.num_slots + 1)}, reverse=True)
-        if num_length_buckets is None:
-            num_length_buckets = -(-self.max_positions // LENGTH_BUCKET)
+        capture_positions = min(capture_positions or self.max_positions, self.max_positions)
         for num_rows in buckets:
-            for index in range(num_length_buckets):
+            for index in range(-(-capture_positions // LENGTH_BUCKET)):
                 attended_length = min(self.max_positions, (index + 1) * LENGTH_BUCKET)
                 if (num_rows, attended_length) not in self.graphs.graphs:
                     self.graphs.capture(num_rows, attended_length)
