@@ -24,7 +24,8 @@ from torch import nn
 def rotate_channels(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of the first cos.shape[-1] channels, halves layout ([x1, x2] → [−x2, x1]).
 
-    states: (B, H, N, head_dim) any float dtype; cos, sin: (N, rotary_dim) fp32. Returns states' dtype."""
+    states: (..., head_dim) any float dtype; cos, sin: (..., rotary_dim) fp32, broadcasting against the
+    states' leading dims (positions along the token dim). Returns states' dtype."""
     rotary_dim = cos.shape[-1]
     rotated = states[..., :rotary_dim].float()
     first, second = rotated.chunk(2, dim=-1)
@@ -47,11 +48,13 @@ class RotarySelfAttnProcessor:
         """hidden_states: (B, N, dim) → (B, N, dim)."""
         assert encoder_hidden_states is None and attention_mask is None
         batch, num_tokens, _ = hidden_states.shape
-        qkv = attn.to_qkv(hidden_states).view(batch, num_tokens, 3, attn.heads, -1).permute(2, 0, 3, 1, 4)
-        query, key, value = qkv.unbind(0)
+        # Token-major (B, N, H, D) until SDPA: the rotated Q and K are written in that layout, SDPA's output
+        # follows its query's layout, and so the merge of the heads below is a view, not a transposing copy.
+        query, key, value = attn.to_qkv(hidden_states).view(batch, num_tokens, 3, attn.heads, -1).unbind(2)
         if rotary_emb is not None:
-            query, key = rotate_channels(query, *rotary_emb), rotate_channels(key, *rotary_emb)
-        attended = F.scaled_dot_product_attention(query, key, value)
+            cos, sin = (table[:, None] for table in rotary_emb)  # broadcast over the heads
+            query, key = rotate_channels(query, cos, sin), rotate_channels(key, cos, sin)
+        attended = F.scaled_dot_product_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
         attended = attended.transpose(1, 2).reshape(batch, num_tokens, -1)
         return attn.to_out[1](attn.to_out[0](attended))
 

@@ -5,8 +5,9 @@
 Released shapes with dummy weights, 100 steps, guidance 7, 10 s. For one GPU and each parallel mode at
 degree 2 (and 4 where the host has 4 GPUs): the latency of one request and the wall time of 8 concurrent
 requests through the engine (batched as the service batches them). Replicas, one independent model per GPU
-with the 8 requests split across them, are the throughput reference. Parallel modes run without CUDA
-graphs (not captured across ranks yet); the 1-GPU row and the replicas use them unless --no-cuda-graphs.
+with the 8 requests split across them, are the throughput reference. The 1-GPU row, the replicas and the
+cfg ranks replay CUDA graphs unless --no-cuda-graphs (tp and sp ranks run eagerly); --compile compiles the
+DiT blocks of all of them, so every row runs the same kernels.
 Writes multigpu-<stamp>.json and .png (per configuration: one request, then 8 concurrent) into --out.
 """
 
@@ -29,6 +30,7 @@ import torch
 from chorus.diffusion.bench import run_requests
 from chorus.diffusion.bench_plot import write_bar_chart
 from chorus.diffusion.config import DiffusionConfig
+from chorus.diffusion.dit import ATTENTION_BACKENDS
 from chorus.diffusion.engine.engine import DiffusionEngine
 from chorus.diffusion.loader import load_models
 from chorus.diffusion.parallel.group import ParallelGroup, rank_device
@@ -55,14 +57,19 @@ def _model_args(args: argparse.Namespace) -> dict:
 
 def measure_configuration(args: argparse.Namespace, mode: str, degree: int) -> dict:
     """One request, then `num_concurrent` requests at once, `repeats` times each (medians)."""
-    config = DiffusionConfig(device=args.device, parallel=mode, parallel_degree=degree, **_model_args(args))
+    config = DiffusionConfig(
+        device=args.device, parallel=mode, parallel_degree=degree, max_batch_size=args.num_concurrent,
+        batch_window_ms=args.batch_window_ms, use_cuda_graphs=not args.no_cuda_graphs, compile_dit=args.compile,
+        attention_backend=args.attention_backend, **_model_args(args),
+    )
     device = rank_device(args.device, 0)
     models = load_models(config.model, config.load_format, str(device), config.dtype)
     args.duration_s = min(args.duration_s, models.max_duration_s)
     group = ParallelGroup.launch(config, models) if mode != "none" else None
     engine = DiffusionEngine(
-        models, max_batch_size=args.num_concurrent, batch_window_ms=args.batch_window_ms,
-        use_cuda_graphs=not args.no_cuda_graphs, denoiser=group.denoiser if group else None,
+        models, max_batch_size=config.max_batch_size, batch_window_ms=config.batch_window_ms,
+        use_cuda_graphs=config.use_cuda_graphs, compile_dit=config.compile_dit,
+        attention_backend=config.attention_backend, denoiser=group.denoiser if group else None,
     )
     engine.start()
 
@@ -93,7 +100,8 @@ def measure_replicas(args: argparse.Namespace, num_replicas: int) -> dict:
     replica_argv = [
         "--preset", args.preset, "--dtype", args.dtype, "--num-steps", str(args.num_steps),
         "--guidance-scale", str(args.guidance_scale), "--duration-s", str(args.duration_s),
-        "--batch-window-ms", str(args.batch_window_ms), *(["--no-cuda-graphs"] if args.no_cuda_graphs else []),
+        "--batch-window-ms", str(args.batch_window_ms), "--attention-backend", args.attention_backend,
+        *(["--no-cuda-graphs"] if args.no_cuda_graphs else []), *(["--compile"] if args.compile else []),
     ]
     is_cuda = rank_device(args.device, 0).type == "cuda"
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -127,7 +135,8 @@ def _serve_replica(args: argparse.Namespace) -> None:
     models = load_models(device=args.device, **_model_args(args))
     args.duration_s = min(args.duration_s, models.max_duration_s)
     engine = DiffusionEngine(models, max_batch_size=args.num_concurrent, batch_window_ms=args.batch_window_ms,
-                             use_cuda_graphs=not args.no_cuda_graphs)
+                             use_cuda_graphs=not args.no_cuda_graphs, compile_dit=args.compile,
+                             attention_backend=args.attention_backend)
     engine.start()
     asyncio.run(run_requests(engine, _warmup_args(args), args.num_concurrent, "warmup"))
     print("ready", flush=True)
@@ -151,7 +160,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--configurations", default="", help="e.g. none:1,cfg:2,tp:4; default: all that fit")
     parser.add_argument("--replicas", default="", help="replica counts, e.g. 2,4; default: 2 and 4 that fit")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs to use (0: all); on CPU, the processes to use")
-    parser.add_argument("--no-cuda-graphs", action="store_true", help="also for the 1-GPU row and the replicas")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="for every row (cfg ranks, 1 GPU, replicas)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the DiT blocks (needs CUDA graphs)")
+    parser.add_argument("--attention-backend", default="auto", choices=sorted(ATTENTION_BACKENDS))
     parser.add_argument("--replica", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)

@@ -26,7 +26,9 @@ class DiffusionConfig(ServiceConfig):
     )
     default_num_steps: int = option(100, "Steps when a request names none.")
     default_guidance_scale: float = option(7.0, "Classifier-free guidance when a request names none.")
-    use_cuda_graphs: bool = option(True, "Capture the DiT as CUDA graphs per batch size on CUDA.")
+    use_cuda_graphs: bool = option(
+        True, "Capture the DiT as CUDA graphs per batch size on CUDA (with parallel: cfg only; tp and sp run eagerly)."
+    )
     compile_dit: bool = option(False, "torch.compile the DiT blocks on CUDA (slower start, faster steps).")
     compile_mode: str = option(
         "default",

@@ -4,8 +4,9 @@ It follows `StableAudioDiTModel.forward` with serving changes: the Fourier time 
 in fp32 from fp32 timesteps and frequencies (the stock forward rounds t = atan(σ)·2/π to the model dtype
 first, which merges neighbouring steps in fp16/bf16); timesteps are per sample, so a batch may mix steps;
 the rotary tables are built once per length on the device instead of being copied from the host in
-every attention call; attention runs with fused projections (chorus.diffusion.attention); blocks may
-be compiled. chorus.diffusion.parallel shards it over processes (CFG rows, heads or tokens).
+every attention call; attention runs with fused projections (chorus.diffusion.attention); each block
+ends with the next block's input norm, so the residual add and that norm are one kernel when compiled;
+blocks may be compiled. chorus.diffusion.parallel shards it over processes (CFG rows, heads or tokens).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import math
 import torch
 from diffusers import StableAudioDiTModel
 from diffusers.models.embeddings import get_1d_rotary_pos_embed
+from diffusers.models.transformers.stable_audio_transformer import StableAudioDiTBlock
+from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from chorus.diffusion.attention import install_attention
@@ -28,6 +31,33 @@ ATTENTION_BACKENDS: dict[str, list[SDPBackend] | None] = {
 }
 # Inductor modes that leave CUDA graphs to GraphedDenoiser (its own capture would nest with theirs).
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+
+
+class ChainedBlock(nn.Module):
+    """`StableAudioDiTBlock.forward` taking its input already normalised by its `norm1` and returning, besides
+    its output, that output normalised by the next block's `norm1`: the same operations as the stock loop,
+    regrouped so the block's last residual add and the next block's norm fuse into one pass over the
+    activations (a compiled block otherwise ends in a lone add that a separate norm kernel reads back)."""
+
+    def __init__(self, block: StableAudioDiTBlock, next_norm: nn.LayerNorm | None) -> None:
+        super().__init__()
+        self.block = block
+        self.next_norm = next_norm
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        normed: torch.Tensor,
+        cross_states: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden: (B, N, dim) block input; normed: block.norm1(hidden). Returns the block output and it
+        normalised by next_norm (the output itself after the last block)."""
+        block = self.block
+        hidden = block.attn1(normed, rotary_emb=rotary) + hidden
+        hidden = block.attn2(block.norm2(hidden), encoder_hidden_states=cross_states) + hidden
+        hidden = block.ff(block.norm3(hidden)) + hidden
+        return hidden, hidden if self.next_norm is None else self.next_norm(hidden)
 
 
 class StableAudioDenoiser:
@@ -62,12 +92,20 @@ class StableAudioDenoiser:
         self.transformer = transformer
         self.time_frequencies = time_frequencies
         self._rotary_by_length: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        # Regional compilation: the 24 blocks share one compiled graph per input shape, and the CUDA-graph
-        # buckets keep the shapes to a handful. Wrappers, so the transformer itself stays uncompiled.
+        blocks = transformer.transformer_blocks
+        self._first_norm = blocks[0].norm1
         self._blocks = [
-            torch.compile(block, dynamic=False, fullgraph=True, mode=compile_mode) if compile_blocks else block
-            for block in transformer.transformer_blocks
+            ChainedBlock(block, next_block.norm1 if next_block is not None else None)
+            for block, next_block in zip(blocks, [*blocks[1:], None], strict=True)
         ]
+        if compile_blocks:
+            # Regional compilation: the blocks share one compiled graph per input shape (the last, without a next
+            # norm, has its own), and the CUDA-graph buckets keep the shapes to a handful: two graphs per bucket,
+            # more than dynamo's default limit of 8 per function. Wrappers, so the transformer stays uncompiled.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            self._blocks = [
+                torch.compile(block, dynamic=False, fullgraph=True, mode=compile_mode) for block in self._blocks
+            ]
 
     @torch.inference_mode()
     def __call__(
@@ -112,8 +150,9 @@ class StableAudioDenoiser:
         the whole sequence (sequence-parallel ranks hold a slice of the tokens but attend over all)."""
         # Set around the compiled blocks too: their first call traces SDPA to the kernel chosen here.
         with self._attention_kernels():
+            normed = self._first_norm(hidden)
             for block in self._blocks:
-                hidden = block(hidden_states=hidden, encoder_hidden_states=cross_states, rotary_embedding=rotary)
+                hidden, normed = block(hidden, normed, cross_states, rotary)
         return hidden
 
     def project_out(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from chorus.diffusion.dit import StableAudioDenoiser
+from chorus.diffusion.loader import StableAudioModels
 from chorus.runtime.streams import capture_stream, graph_capture
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,14 @@ class GraphedDenoiser:
             velocity = self.denoiser(*static)
         self._pool = graph.pool()
         self._graphs[rows] = _Graph(graph, *static, velocity)
+
+    @classmethod
+    def captured(cls, denoiser: StableAudioDenoiser, models: StableAudioModels, max_rows: int) -> GraphedDenoiser:
+        """`denoiser` with graphs for up to `max_rows` rows of `models`' input shapes, captured now."""
+        num_cross_tokens = models.tokenizer.model_max_length + 2  # text tokens, then start and end seconds
+        graphed = cls(denoiser, num_cross_tokens, (models.num_latent_channels, models.num_latent_frames))
+        graphed.capture(max_rows)
+        return graphed
 
     def release(self) -> None:
         self._graphs.clear()

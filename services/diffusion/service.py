@@ -76,7 +76,7 @@ class DiffusionService(Service):
         device = str(rank_device(config.device, 0)) if is_parallel else config.device
         models = load_models(config.model, config.load_format, device, config.dtype)
         if is_parallel:
-            # Rank 0 steps the whole batch through the group; graphs and compile stay off in parallel modes.
+            # Rank 0 steps the whole batch through the group, whose ranks own their graphs (see ParallelGroup).
             self.parallel_group = ParallelGroup.launch(config, models)
             return DiffusionEngine(
                 models,

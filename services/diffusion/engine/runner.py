@@ -98,9 +98,7 @@ class DiffusionRunner:
                                        compile_mode=compile_mode, attention_backend=attention_backend)
         self.denoiser = denoiser
         if max_graph_rows > 0 and models.device.type == "cuda":
-            num_cross_tokens = models.tokenizer.model_max_length + 2  # text tokens, then start and end seconds
-            self.denoiser = GraphedDenoiser(denoiser, num_cross_tokens, self._latent_shape)
-            self.denoiser.capture(max_graph_rows)
+            self.denoiser = GraphedDenoiser.captured(denoiser, models, max_graph_rows)
 
     def close(self) -> None:
         """Frees the captured graphs and their memory pool; the runner then runs eagerly."""

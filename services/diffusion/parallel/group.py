@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from chorus.diffusion.config import DiffusionConfig
 from chorus.diffusion.dit import StableAudioDenoiser
+from chorus.diffusion.graphs import GraphedDenoiser
 from chorus.diffusion.loader import StableAudioModels, resolve_device
 from chorus.diffusion.parallel.cfg_parallel import RankDenoiser
 from chorus.diffusion.parallel.plan import ParallelConfigError, ParallelPlan, make_plan
@@ -71,11 +72,14 @@ def join_group(rank: int, world_size: int, device: torch.device, store: dist.Sto
 
 @torch.no_grad()
 def build_rank_denoiser(
-    models: StableAudioModels, plan: ParallelPlan, rank: int, attention_backend: str
+    models: StableAudioModels, plan: ParallelPlan, rank: int, config: DiffusionConfig
 ) -> RankDenoiser:
     """Collective (every rank calls it): copies rank 0's DiT weights to all ranks, then shards this rank's.
     `models` must be as loaded (no StableAudioDenoiser built on them yet), so every rank's state dict has
-    the same tensors in the same order."""
+    the same tensors in the same order.
+
+    With CFG-parallel alone (no collective inside a forward) each rank replays CUDA graphs of its share of
+    the rows, compiled with config.compile_dit, as one GPU does; tp and sp ranks run eagerly."""
     assert all(getattr(block.attn1, "to_qkv", None) is None for block in models.transformer.transformer_blocks)
     for tensor in models.transformer.state_dict().values():
         dist.broadcast(tensor, src=0)
@@ -85,7 +89,15 @@ def build_rank_denoiser(
         # Every rank creates every group, in the same order, as new_group requires.
         groups = [dist.new_group(plan.inner_group_ranks(g)) for g in range(plan.cfg_degree)]
         inner_group = groups[plan.cfg_rank(rank)]
-    denoiser = StableAudioDenoiser(models.transformer, models.time_frequencies, attention_backend=attention_backend)
+    use_graphs = plan.inner_degree == 1 and config.use_cuda_graphs and models.device.type == "cuda"
+    denoiser = StableAudioDenoiser(
+        models.transformer, models.time_frequencies, compile_blocks=use_graphs and config.compile_dit,
+        compile_mode=config.compile_mode, attention_backend=config.attention_backend,
+    )
+    if use_graphs:
+        # A step's rows (up to 2 per sample with CFG) split evenly over the CFG groups.
+        max_rows = -(-2 * config.max_batch_size // plan.cfg_degree)
+        return RankDenoiser(GraphedDenoiser.captured(denoiser, models, max_rows), plan, rank, models.device)
     inner_rank = plan.inner_rank(rank)
     if plan.tp_degree > 1:
         shard_transformer(models.transformer, inner_rank, plan.tp_degree, inner_group)
@@ -118,7 +130,7 @@ class ParallelGroup:
                          daemon=True).start()
         try:
             join_group(0, plan.world_size, models.device, store)
-            denoiser = build_rank_denoiser(models, plan, 0, config.attention_backend)
+            denoiser = build_rank_denoiser(models, plan, 0, config)
         except BaseException:
             is_closing.set()
             _end(workers)

@@ -44,7 +44,7 @@ def main(argv: list[str]) -> None:
     plan = make_plan(
         config.parallel, world_size, model_config.num_attention_heads, model_config.num_key_value_attention_heads
     )
-    build_rank_denoiser(models, plan, rank, config.attention_backend).serve()
+    build_rank_denoiser(models, plan, rank, config).serve()
     dist.destroy_process_group()
 
 
