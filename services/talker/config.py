@@ -33,7 +33,8 @@ class TalkerConfig(ServiceConfig):
     warmup_positions: int = option(
         1024,
         "Decode graphs for cache lengths up to this are captured before SERVING (bounds start-up); a longer length "
-        "is captured when first reached, pausing decoding once (0: up to max_positions).",
+        "is captured when first reached, pausing decoding once (0: up to max_positions). With the compiled step on "
+        "CUDA one graph per batch size covers every length.",
     )
     compile_step: bool = option(
         True, "torch.compile the decode step's layers and sampling on CUDA (fewer kernels; ~1 min longer warm-up)."

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import sys
 import threading
 import time
 from collections import deque
@@ -27,6 +28,10 @@ from chorus.talker.prompt import PromptError, VoiceRequest, build_prompt, valida
 from chorus.talker.sampling import SamplingParams
 
 FRAME_RATE_HZ = 12.5
+# The event loop's thread hands the GIL to the engine thread only after this long (CPython's default is 5 ms): with
+# gRPC traffic on the loop, the default could idle the GPU for most of a 6 ms step each time the engine came back
+# from waiting on it.
+GIL_SWITCH_INTERVAL_S = 0.0005
 _log = logging.getLogger(__name__)
 
 
@@ -234,6 +239,7 @@ class TalkerEngine:
     # ---- engine thread ----
 
     def start(self) -> None:
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="talker-engine", daemon=True)
         self._thread.start()

@@ -17,7 +17,7 @@ from chorus.talker.models.speaker_encoder import log_mel_spectrogram
 from chorus.talker.prompt import embed_prompt
 from chorus.talker.sampling import RowParams, SamplingParams, sample_code, sample_code0
 
-LENGTH_BUCKET = 256
+LENGTH_BUCKET = 256  # attended-length bucket of the PyTorch attention path
 MIN_FRAMES = 2  # the reference bans EOS until two codebook-0 ids were generated
 NEVER = 1 << 62
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
@@ -123,6 +123,10 @@ class TalkerRunner:
         self._sample_code0, self._sample_code = sample_code0, sample_code
         if compile_step and self.device.type == "cuda":
             self._compile()
+        # The Triton decode kernels attend only the positions each row has written: one length fits every step,
+        # so there is one graph per batch bucket. The PyTorch path attends a length bucket ≥ every position.
+        uses_kernels = model.talker.model.decode_kernels is not None
+        self.length_bucket = max_positions if uses_kernels else LENGTH_BUCKET
         self.graphs = None
         if use_cuda_graphs and self.device.type == "cuda":
             from chorus.talker.engine.graphs import DecodeGraphs
@@ -155,8 +159,8 @@ class TalkerRunner:
         buckets = sorted({batch_bucket(n, self.num_slots) for n in range(1, self.num_slots + 1)}, reverse=True)
         capture_positions = min(capture_positions or self.max_positions, self.max_positions)
         for num_rows in buckets:
-            for index in range(-(-capture_positions // LENGTH_BUCKET)):
-                attended_length = min(self.max_positions, (index + 1) * LENGTH_BUCKET)
+            for index in range(-(-capture_positions // self.length_bucket)):
+                attended_length = min(self.max_positions, (index + 1) * self.length_bucket)
                 if (num_rows, attended_length) not in self.graphs.graphs:
                     self.graphs.capture(num_rows, attended_length)
 
@@ -282,7 +286,7 @@ class TalkerRunner:
         return without waiting: the engine launches step N+1 before it reads step N (`collect`), so host work
         overlaps the GPU. `max_position`: the largest cache position any active row writes now."""
         num_rows = batch_bucket(max(active_rows) + 1, self.num_slots)
-        attended_length = min(self.max_positions, (max_position // LENGTH_BUCKET + 1) * LENGTH_BUCKET)
+        attended_length = min(self.max_positions, (max_position // self.length_bucket + 1) * self.length_bucket)
         parity = self._launches % 2
         self._launches += 1
         host_inputs = self._host_inputs[parity]  # free again: the launch that used it two steps ago was collected

@@ -102,7 +102,8 @@ class Qwen3Attention(nn.Module):
         return qk[:, : self.num_heads], torch.stack((qk[:, self.num_heads :], v))
 
     def attend(self, q: torch.Tensor, kv: torch.Tensor, attend_mask: torch.Tensor) -> torch.Tensor:
-        """Output `[B, T, H]` of queries `q [B, heads, T, D]` over cached keys/values `kv [2, B, kv_heads, L, D]`.
+        """Heads' outputs `[B, T, heads · D]` (before `o_proj`) of queries `q [B, heads, T, D]` over cached
+        keys/values `kv [2, B, kv_heads, L, D]`.
 
         Grouped-query attention without repeating the cache: the `heads / kv_heads` query heads that share a
         key head are folded into its query rows, so each key head is read once (what a decode step is bound by).
@@ -114,7 +115,7 @@ class Qwen3Attention(nn.Module):
         mask = attend_mask.expand(batch, 1, num_tokens, -1).repeat(1, 1, group, 1)
         weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(kv.dtype)
         out = torch.matmul(weights, kv[1]).view(batch, self.num_heads, num_tokens, self.head_dim)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, num_tokens, self.num_heads * self.head_dim))
+        return out.transpose(1, 2).reshape(batch, num_tokens, self.num_heads * self.head_dim)
 
 
 class Qwen3MLP(nn.Module):
@@ -152,25 +153,48 @@ class Qwen3DecoderLayer(nn.Module):
         self.mlp = Qwen3MLP(config)
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.decode_kernels = None  # `chorus.talker.models.decode_kernels` once the stack is optimised on CUDA
 
     def attention_inputs(self, normed: torch.Tensor, positions: torch.Tensor):
         return self.self_attn.project(normed, positions)
 
-    def attention_and_mlp(self, x, q, kv, attend_mask, next_norm_weight: torch.Tensor):
-        """The residual stream after this layer, and it normalised by the next norm (the next layer's input norm,
-        or the stack's final norm): the add and the norm fuse into one kernel across the layer boundary."""
-        x = x + self.self_attn.attend(q, kv, attend_mask)
+    def output_and_mlp(self, x, attended, next_norm_weight: torch.Tensor):
+        """The residual stream after this layer given the heads' outputs `attended [B, T, heads · D]`, and it
+        normalised by the next norm (the next layer's input norm, or the stack's final norm): the add and the norm
+        fuse into one kernel across the layer boundary."""
+        x = x + self.self_attn.o_proj(attended)
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, rms_norm(x, next_norm_weight, self.post_attention_layernorm.eps)
 
+    def attention_and_mlp(self, x, q, kv, attend_mask, next_norm_weight: torch.Tensor):
+        return self.output_and_mlp(x, self.self_attn.attend(q, kv, attend_mask), next_norm_weight)
+
     def forward(self, x, normed, positions, kv_cache, attend_mask, next_norm_weight):
         """`x`: the residual stream `[B, T, H]`; `normed`: it after this layer's input norm. Returns both for the
-        next layer (see `attention_and_mlp`)."""
+        next layer (see `output_and_mlp`). `attend_mask` None: a decode step through the Triton kernels."""
+        if attend_mask is None:
+            return self._decode(x, normed, positions, kv_cache, next_norm_weight)
         # The cache write sits between two cache-free halves: `optimize_for_decode` compiles the halves and the
         # in-place write stays one plain scatter into the caller's cache (no functionalised copy of it).
         q, kv = self.attention_inputs(normed, positions)
         kv_cache.scatter_(3, positions[None, :, None, :, None].expand_as(kv), kv)
         return self.attention_and_mlp(x, q, kv_cache[:, :, :, : attend_mask.shape[-1]], attend_mask, next_norm_weight)
+
+    def _decode(self, x, normed, positions, kv_cache, next_norm_weight):
+        """`forward` for a decode step on CUDA: projection, then the two Triton kernels (norm, rotation and cache
+        write; attention over the written positions), then the compiled output half."""
+        attention, kernels = self.self_attn, self.decode_kernels
+        queries = kernels.qk_norm_rope_store(
+            attention.qkv_proj(normed),
+            attention.q_norm.weight,
+            attention.k_norm.weight,
+            positions,
+            kv_cache,
+            attention.num_heads,
+            attention.q_norm.eps,
+            attention.rope_theta,
+        )
+        return self.output_and_mlp(x, kernels.decode_attention(queries, kv_cache, positions), next_norm_weight)
 
 
 class Qwen3DecoderStack(nn.Module):
@@ -182,6 +206,7 @@ class Qwen3DecoderStack(nn.Module):
         self.layers = nn.ModuleList(Qwen3DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.optimized = False
+        self.decode_kernels = None  # set by `optimize_for_decode` where the Triton decode kernels apply
 
     def forward(
         self, inputs_embeds: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], attended_length: int
@@ -189,10 +214,13 @@ class Qwen3DecoderStack(nn.Module):
         """Run the stack on `inputs_embeds [B, T, H]` at `positions [B, T]`; returns post-norm hidden `[B, T, H]`.
 
         `kv_caches[i]`: `[2, B, num_kv_heads, max_positions, head_dim]` (a view of the caller's cache rows). Keys at
-        positions `< attended_length` are attended (causally); it must exceed every position.
+        positions `< attended_length` are attended (causally); it must exceed every position. Decode steps through
+        the Triton kernels attend each row's written positions whatever `attended_length` says.
         """
-        key_positions = torch.arange(attended_length, device=positions.device)
-        attend_mask = key_positions[None, None, None, :] <= positions[:, None, :, None]
+        attend_mask = None
+        if self.decode_kernels is None or positions.shape[1] > self.decode_kernels.MAX_DECODE_TOKENS:
+            key_positions = torch.arange(attended_length, device=positions.device)
+            attend_mask = key_positions[None, None, None, :] <= positions[:, None, :, None]
         x, normed = inputs_embeds, self.layers[0].input_layernorm(inputs_embeds)
         next_norms = [layer.input_layernorm.weight for layer in self.layers[1:]] + [self.norm.weight]
         for layer, kv_cache, next_norm_weight in zip(self.layers, kv_caches, next_norms, strict=True):
@@ -200,16 +228,31 @@ class Qwen3DecoderStack(nn.Module):
         return normed
 
     def optimize_for_decode(self) -> None:
-        """Fuse projections and `torch.compile` every layer's two cache-free halves and the first norm (CUDA
-        serving). Fusing each half's element-wise work turns ~70 small kernels per layer into ~12, which is what
-        bounds a decode step at small batch; layers share one compiled artifact per shape class."""
+        """Fuse projections and `torch.compile` every layer's cache-free halves and the first norm (CUDA serving);
+        on CUDA, decode steps run their attention through the Triton kernels of `decode_kernels`. Fusing each
+        half's element-wise work turns ~70 small kernels per layer into ~10, which is what bounds a decode step at
+        small batch; layers share one compiled artifact per shape class."""
         if self.optimized:
             return
         self.optimized = True
+        self.decode_kernels = _decode_kernels_for(self.layers[0].self_attn, self.norm.weight)
         for layer in self.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
+            layer.decode_kernels = self.decode_kernels
             layer.attention_inputs = torch.compile(layer.attention_inputs, dynamic=True, fullgraph=True)
+            layer.output_and_mlp = torch.compile(layer.output_and_mlp, dynamic=True, fullgraph=True)
             layer.attention_and_mlp = torch.compile(layer.attention_and_mlp, dynamic=True, fullgraph=True)
         first_norm = self.layers[0].input_layernorm
         first_norm.forward = torch.compile(first_norm.forward, dynamic=True, fullgraph=True)
+
+
+def _decode_kernels_for(attention: Qwen3Attention, weight: torch.Tensor):
+    """The Triton decode kernels module when it covers this stack's device, dtype and shapes, else None."""
+    if weight.device.type != "cuda":
+        return None
+    from chorus.talker.models import decode_kernels
+
+    if not decode_kernels.supports(attention.head_dim, attention.num_heads, attention.num_kv_heads, weight.dtype):
+        return None
+    return decode_kernels

@@ -1,0 +1,240 @@
+"""Triton kernels for a decode step's attention on CUDA: what lies between a layer's QKV projection and its output
+projection, in two launches instead of eight.
+
+A decode step is bound by the number of kernels it launches, not by arithmetic: at batch 1 the compiled layer
+spent ~13 µs per layer in q/k norm, rotation, the stack and transpose of keys and values, the cache scatter and the
+three attention kernels. Here:
+
+- `qk_norm_rope_store`: one program per (row, token, head) RMS-normalises query and key heads with their norm
+  weights, rotates them (NeoX halves, angles from the row's position) and writes keys and values straight into the
+  row's cache at that position; queries come back in `[B, heads, T, D]`.
+- `decode_attention`: one program per (row, key head) attends the few queries of that head group (1 or 2 tokens
+  per row) over the row's cached keys, reading only positions up to the row's own — the cache length is an upper
+  bound, not the work done.
+
+Both compute in fp32 and round where the compiled PyTorch path rounds (normalised values and cos/sin to the
+activation dtype before scaling), so replacing it changes results only at bf16 rounding level.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_DECODE_TOKENS = 2  # the code predictor's first step feeds 2 tokens; every other decode step 1
+_BLOCK_KEYS = 64
+
+
+def supports(head_dim: int, num_heads: int, num_kv_heads: int, dtype: torch.dtype) -> bool:
+    """Whether these kernels cover a layer of this shape (tensor-core tiles need a power-of-two head_dim ≥ 16)."""
+    group = num_heads // num_kv_heads
+    is_power_of_two = head_dim & (head_dim - 1) == 0
+    return is_power_of_two and head_dim >= 16 and group * MAX_DECODE_TOKENS <= 16 and dtype in _DOT_PRECISION
+
+
+_DOT_PRECISION = {torch.bfloat16: "tf32", torch.float16: "tf32", torch.float32: "ieee"}
+
+
+@triton.jit
+def _qk_norm_rope_store_kernel(
+    qkv_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    positions_ptr,
+    q_out_ptr,
+    cache_ptr,
+    stride_qkv_row,
+    stride_qkv_token,
+    stride_q_row,
+    stride_q_head,
+    stride_q_token,
+    stride_cache_kv,
+    stride_cache_row,
+    stride_cache_head,
+    stride_cache_position,
+    num_tokens,
+    eps,
+    log2_theta,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    row_token = tl.program_id(0)
+    head = tl.program_id(1)
+    row = row_token // num_tokens
+    token = row_token % num_tokens
+    dims = tl.arange(0, HEAD_DIM)
+    half = HEAD_DIM // 2
+    source = qkv_ptr + row * stride_qkv_row + token * stride_qkv_token + head * HEAD_DIM
+    x = tl.load(source + dims)
+    position = tl.load(positions_ptr + row_token)
+    dtype = qkv_ptr.dtype.element_ty
+    if head >= NUM_HEADS + NUM_KV_HEADS:  # a value head: stored as it is
+        target = cache_ptr + stride_cache_kv + row * stride_cache_row + position * stride_cache_position
+        tl.store(target + (head - NUM_HEADS - NUM_KV_HEADS) * stride_cache_head + dims, x)
+    else:
+        # RMS norm in fp32, rounded to the activation dtype, then scaled by the head's norm weight.
+        partner = (dims + half) % HEAD_DIM
+        x_partner = tl.load(source + partner).to(tl.float32)
+        x_fp32 = x.to(tl.float32)
+        inv_rms = tl.rsqrt(tl.sum(x_fp32 * x_fp32, axis=0) / HEAD_DIM + eps)
+        is_query = head < NUM_HEADS
+        weight = tl.where(is_query, tl.load(q_norm_ptr + dims), tl.load(k_norm_ptr + dims)).to(tl.float32)
+        weight_partner = tl.where(is_query, tl.load(q_norm_ptr + partner), tl.load(k_norm_ptr + partner))
+        normed = (x_fp32 * inv_rms).to(dtype).to(tl.float32) * weight
+        normed_partner = (x_partner * inv_rms).to(dtype).to(tl.float32) * weight_partner.to(tl.float32)
+        # NeoX rotation: the first half pairs with the second; angle_i = position · theta^(-2 (i mod half) / D).
+        inv_freq = tl.exp2(-((dims % half) * 2).to(tl.float32) / HEAD_DIM * log2_theta)
+        angle = position.to(tl.float32) * inv_freq
+        cos = tl.cos(angle).to(dtype).to(tl.float32)
+        sin = tl.sin(angle).to(dtype).to(tl.float32)
+        rotated = (normed * cos + tl.where(dims < half, -normed_partner, normed_partner) * sin).to(dtype)
+        if is_query:
+            target = q_out_ptr + row * stride_q_row + head * stride_q_head + token * stride_q_token
+            tl.store(target + dims, rotated)
+        else:
+            target = cache_ptr + row * stride_cache_row + position * stride_cache_position
+            tl.store(target + (head - NUM_HEADS) * stride_cache_head + dims, rotated)
+
+
+def qk_norm_rope_store(
+    qkv: torch.Tensor,
+    q_norm_weight: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    positions: torch.Tensor,
+    kv_cache: torch.Tensor,
+    num_heads: int,
+    eps: float,
+    rope_theta: float,
+) -> torch.Tensor:
+    """Rotated, normalised queries `[B, heads, T, D]` of `qkv [B, T, (heads + 2 kv_heads) D]`; keys and values
+    go into `kv_cache [2, B, kv_heads, L, D]` at `positions [B, T]`."""
+    batch, num_tokens, _ = qkv.shape
+    _, _, num_kv_heads, _, head_dim = kv_cache.shape
+    assert qkv.stride(2) == 1 and kv_cache.stride(4) == 1 and positions.is_contiguous()
+    queries = qkv.new_empty(batch, num_heads, num_tokens, head_dim)
+    grid = (batch * num_tokens, num_heads + 2 * num_kv_heads)
+    _qk_norm_rope_store_kernel[grid](
+        qkv,
+        q_norm_weight,
+        k_norm_weight,
+        positions,
+        queries,
+        kv_cache,
+        qkv.stride(0),
+        qkv.stride(1),
+        queries.stride(0),
+        queries.stride(1),
+        queries.stride(2),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        num_tokens,
+        eps,
+        math.log2(rope_theta),
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        num_warps=1,
+    )
+    return queries
+
+
+@triton.jit
+def _decode_attention_kernel(
+    q_ptr,
+    cache_ptr,
+    positions_ptr,
+    out_ptr,
+    stride_q_row,
+    stride_q_head,
+    stride_q_token,
+    stride_cache_kv,
+    stride_cache_row,
+    stride_cache_head,
+    stride_cache_position,
+    stride_out_row,
+    stride_out_token,
+    num_tokens,
+    scale,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_QUERIES: tl.constexpr,
+    NUM_POSITIONS: tl.constexpr,
+    BLOCK_KEYS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    # Query rows of this key head: (group member g, token t) → g * T + t; padded to a tensor-core tile.
+    query = tl.arange(0, BLOCK_QUERIES)
+    is_query = query < GROUP * num_tokens
+    member = query // num_tokens
+    token = query % num_tokens
+    head = kv_head * GROUP + member
+    dims = tl.arange(0, HEAD_DIM)
+    q_offsets = row * stride_q_row + head * stride_q_head + token * stride_q_token
+    q = tl.load(q_ptr + q_offsets[:, None] + dims[None, :], mask=is_query[:, None], other=0.0)
+    query_position = tl.load(positions_ptr + row * num_tokens + token, mask=is_query, other=0)
+    last_position = tl.max(query_position, axis=0)
+    keys_ptr = cache_ptr + row * stride_cache_row + kv_head * stride_cache_head
+    values_ptr = keys_ptr + stride_cache_kv
+    running_max = tl.full([BLOCK_QUERIES], float("-inf"), tl.float32)
+    running_sum = tl.zeros([BLOCK_QUERIES], tl.float32)
+    acc = tl.zeros([BLOCK_QUERIES, HEAD_DIM], tl.float32)
+    for start in range(0, NUM_POSITIONS, BLOCK_KEYS):
+        if start <= last_position:  # blocks past every query's position are skipped, not read
+            key = start + tl.arange(0, BLOCK_KEYS)
+            is_written = key <= last_position
+            offsets = key[:, None] * stride_cache_position + dims[None, :]
+            k = tl.load(keys_ptr + offsets, mask=is_written[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            scores = tl.where(key[None, :] <= query_position[:, None], scores, float("-inf"))
+            new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+            weights = tl.exp(scores - new_max[:, None])
+            correction = tl.exp(running_max - new_max)
+            running_sum = running_sum * correction + tl.sum(weights, axis=1)
+            v = tl.load(values_ptr + offsets, mask=is_written[:, None], other=0.0)
+            acc = acc * correction[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
+            running_max = new_max
+    out = acc / running_sum[:, None]
+    out_offsets = row * stride_out_row + token * stride_out_token + head * HEAD_DIM
+    tl.store(out_ptr + out_offsets[:, None] + dims[None, :], out.to(q.dtype), mask=is_query[:, None])
+
+
+def decode_attention(queries: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Attention output `[B, T, heads * D]` of `queries [B, heads, T, D]` over `kv_cache [2, B, kv_heads, L, D]`:
+    each query attends the keys at positions ≤ its own (`positions [B, T]`)."""
+    batch, num_heads, num_tokens, head_dim = queries.shape
+    num_kv_heads = kv_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = queries.new_empty(batch, num_tokens, num_heads * head_dim)
+    _decode_attention_kernel[(batch, num_kv_heads)](
+        queries,
+        kv_cache,
+        positions,
+        out,
+        queries.stride(0),
+        queries.stride(1),
+        queries.stride(2),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        out.stride(0),
+        out.stride(1),
+        num_tokens,
+        head_dim**-0.5,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_QUERIES=16,
+        NUM_POSITIONS=kv_cache.shape[3],
+        BLOCK_KEYS=_BLOCK_KEYS,
+        PRECISION=_DOT_PRECISION[queries.dtype],
+        num_warps=4,
+    )
+    return out
