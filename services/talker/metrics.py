@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5)
+QUEUE_SECONDS = Histogram(
+    "chorus_talker_queue_seconds", "Request admitted → its prefill started (waiting for a slot or for text).",
+    buckets=_LATENCY_BUCKETS,
+)  # fmt: skip
+FIRST_FRAME_SECONDS = Histogram(
+    "chorus_talker_time_to_first_frame_seconds", "Request admitted → its first frame handed out.",
+    buckets=_LATENCY_BUCKETS,
+)  # fmt: skip
 
 
 class TalkerCollector(Collector):
@@ -21,6 +31,12 @@ class TalkerCollector(Collector):
         )
         yield CounterMetricFamily(
             "chorus_talker_frames", "Codec frames produced (12.5 per audio second).", stats.frames
+        )
+        yield CounterMetricFamily("chorus_talker_prefills", "Requests prefilled.", stats.prefills)
+        yield CounterMetricFamily(
+            "chorus_talker_prefill_seconds",
+            "Time in batched prefills, when decoding waits.",
+            stats.prefill_ms_total / 1e3,
         )
         yield GaugeMetricFamily("chorus_talker_last_step_seconds", "Latest decode step time.", stats.last_step_ms / 1e3)
         yield GaugeMetricFamily("chorus_talker_batch_size", "Streams in the latest decode step.", stats.last_batch_size)

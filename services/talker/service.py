@@ -152,6 +152,9 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
                 if pending_vector is not None:  # a frame exists: the engine has embedded the reference
                     pending_vector.store(self.service.speaker_vectors)
                     pending_vector = None
+                if sequence == 0:
+                    metrics.QUEUE_SECONDS.observe(stream.scheduled_at - stream.admitted_at)
+                    metrics.FIRST_FRAME_SECONDS.observe(stream.first_frame_at - stream.admitted_at)
                 yield talker_pb2.SynthesizeOutput(chunk=codes_to_chunk(frames, sequence, frame_offset))
                 sequence += 1
                 frame_offset += len(frames)

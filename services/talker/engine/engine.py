@@ -69,6 +69,8 @@ class EngineStats:
     last_step_ms: float = 0.0
     last_batch_size: int = 0
     step_ms_total: float = 0.0
+    prefills: int = 0  # requests prefilled
+    prefill_ms_total: float = 0.0  # time in batched prefills (decoding waits meanwhile)
 
 
 class TalkerEngine:
@@ -276,8 +278,11 @@ class TalkerEngine:
         """One engine step (commands → plan → prefills → one decode step); False when there was nothing to do."""
         self._apply_commands()
         plan = self.scheduler.plan()
+        started = time.perf_counter()
         if plan.prefill:
             self._prefill(plan.prefill)
+            self.stats.prefills += len(plan.prefill)
+            self.stats.prefill_ms_total += (time.perf_counter() - started) * 1000
         started = time.perf_counter()
         decode = [r for r in plan.decode if r.status is Status.RUNNING]
         launched = None
