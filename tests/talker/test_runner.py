@@ -14,7 +14,7 @@ def _prefilled_runner(loaded) -> TalkerRunner:
     runner = TalkerRunner(loaded.model, num_slots=2, max_positions=64)
     for slot, speaker in enumerate(("ryan", "vivian")):
         voice = VoiceRequest("custom_voice", [151644, 77091, 198], [11, 12, 13, 14], speaker=speaker)
-        runner.set_params(slot, SamplingParams(seed=slot), seed=slot)
+        runner.set_params([slot], [SamplingParams(seed=slot)], seeds=[slot], ignore_eos=[False])
         runner.prefill([slot], [runner.embed_prompt(build_prompt(loaded.config, voice), voice)])
     return runner
 

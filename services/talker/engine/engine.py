@@ -354,13 +354,16 @@ class TalkerEngine:
                         f"text: prompt of {request.num_prompt_positions} positions exceeds the limit "
                         f"of {self.config.max_positions - 1}"
                     )
-                self.runner.set_params(request.slot, request.sampling, request.seed, request.ignore_eos)
                 prompts.append(self.runner.embed_prompt(request.prompt, voice))
                 ready.append(request)
             except PromptError as error:
                 self._finish(request, FinishReason.ERROR, str(error))
         if ready:
-            self.runner.prefill([request.slot for request in ready], prompts)
+            slots = [request.slot for request in ready]
+            self.runner.set_params(
+                slots, [r.sampling for r in ready], [r.seed for r in ready], [r.ignore_eos for r in ready]
+            )
+            self.runner.prefill(slots, prompts)
 
     def _launch(self, requests: list[TalkerRequest], text_ids: list[int]) -> tuple[DecodeLaunch, list[TalkerRequest]]:
         launch = self.runner.launch([r.slot for r in requests], text_ids, max(r.position for r in requests))

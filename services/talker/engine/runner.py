@@ -167,24 +167,25 @@ class TalkerRunner:
     def _cache_views(self, cache: torch.Tensor, rows: slice) -> list[torch.Tensor]:
         return [layer[:, rows] for layer in cache]
 
-    def set_params(self, slot: int, params: SamplingParams, seed: int, ignore_eos: bool = False) -> None:
-        for target, do_sample, temperature, top_k, top_p in (
-            (self.params.talker, params.do_sample, params.temperature, params.top_k, params.top_p),
-            (
-                self.params.predictor,
-                params.subtalker_do_sample,
-                params.subtalker_temperature,
-                params.subtalker_top_k,
-                params.subtalker_top_p,
-            ),
-        ):
-            target.do_sample[slot] = do_sample
-            target.temperature[slot] = temperature if do_sample else 1.0
-            target.top_k[slot] = top_k
-            target.top_p[slot] = top_p
-            target.seed[slot] = seed
-        self.params.repetition_penalty[slot] = params.repetition_penalty
-        self.min_frames[slot] = NEVER if ignore_eos else MIN_FRAMES
+    def set_params(
+        self, slots: list[int], samplings: list[SamplingParams], seeds: list[int], ignore_eos: list[bool]
+    ) -> None:
+        """Per-slot sampling state of the requests about to be prefilled into `slots`: one write per field for the
+        whole batch (each write from the host is a launch and a copy)."""
+        device = self.device
+        index = torch.tensor(slots, device=device)
+        for target, prefix in ((self.params.talker, ""), (self.params.predictor, "subtalker_")):
+            do_sample = [getattr(sampling, prefix + "do_sample") for sampling in samplings]
+            temperature = [getattr(sampling, prefix + "temperature") for sampling in samplings]
+            target.do_sample[index] = torch.tensor(do_sample, device=device)
+            target.temperature[index] = torch.tensor(
+                [value if sample else 1.0 for value, sample in zip(temperature, do_sample, strict=True)], device=device
+            )
+            target.top_k[index] = torch.tensor([getattr(s, prefix + "top_k") for s in samplings], device=device)
+            target.top_p[index] = torch.tensor([getattr(s, prefix + "top_p") for s in samplings], device=device)
+            target.seed[index] = torch.tensor(seeds, device=device)
+        self.params.repetition_penalty[index] = torch.tensor([s.repetition_penalty for s in samplings], device=device)
+        self.min_frames[index] = torch.tensor([NEVER if flag else MIN_FRAMES for flag in ignore_eos], device=device)
 
     def _pick_code0(self, logits, rows: slice | torch.Tensor) -> torch.Tensor:
         ids = self.config.codec_ids
