@@ -13,6 +13,7 @@ from chorus.gateway.catalog import TalkerCatalog
 from chorus.gateway.config import GatewayConfig
 from chorus.gateway.runner import RunRegistry
 from chorus.gateway.state.auth import ApiKeys, RateLimiter
+from chorus.gateway.state.cancel import CancelListener
 from chorus.gateway.state.connection import open_redis
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import RequestRecord, RequestStore
@@ -27,6 +28,7 @@ class GatewayContext:
     redis: redis.Redis
     requests: RequestStore
     journal: OutputJournal
+    cancels: CancelListener
     api_keys: ApiKeys
     rate_limiter: RateLimiter
     admission: Admission
@@ -47,6 +49,7 @@ class GatewayContext:
         )
         client = open_redis(config.redis_url)
         requests = RequestStore(client, ttl_s=config.request_ttl_s)
+        journal = OutputJournal(client, requests, max_entries=config.journal_max_entries)
         limits = {
             "talker": config.talker_max_in_flight,
             "vocoder": config.vocoder_max_in_flight,
@@ -63,11 +66,12 @@ class GatewayContext:
             backends=backends,
             redis=client,
             requests=requests,
-            journal=OutputJournal(client, requests, max_entries=config.journal_max_entries),
+            journal=journal,
+            cancels=CancelListener(requests),
             api_keys=ApiKeys(config.api_keys),
             rate_limiter=RateLimiter(client, config.rate_limit_per_s, config.rate_limit_burst),
             admission=admission,
-            runs=RunRegistry(detach_grace_s=config.reconnect_grace_s),
+            runs=RunRegistry(journal, detach_grace_s=config.reconnect_grace_s),
             diffusion_window=BatchWindow(config.diffusion_batch_window_ms / 1000, config.diffusion_max_batch_size),
             catalog=TalkerCatalog(backends),
             reference_codes=ReferenceCodes(backends),

@@ -20,6 +20,7 @@ from chorus.gateway.batch_window import BatchWindow
 from chorus.gateway.journaled_run import JournaledRun
 from chorus.gateway.metrics import REAL_TIME_FACTOR, TIME_TO_FIRST_AUDIO_S
 from chorus.gateway.speech_pipeline import check_final, upstream_error
+from chorus.gateway.state.cancel import CancelListener
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import RequestStore
 from chorus.runtime.errors import Unavailable
@@ -32,12 +33,13 @@ class GenerationRun(JournaledRun):
         self,
         requests: RequestStore,
         journal: OutputJournal,
+        cancels: CancelListener,
         request: diffusion_pb2.GenerateRequest,
         backends: BackendPool,
         batch_window: BatchWindow,
         response_format: str,
     ) -> None:
-        super().__init__(requests, journal, request.request_id)
+        super().__init__(requests, journal, cancels, request.request_id)
         self.request = request
         self.backends = backends
         self.batch_window = batch_window

@@ -3,7 +3,7 @@
 A request is admitted first (429 beyond the backend's queue), then its idempotency key is
 claimed (a retry with the same key gets the earlier request, not a second generation), then its
 record is created and its run started on this replica. Anyone may follow it from any replica:
-progress through the record, audio through the output journal.
+progress through the record, audio through the output journal (in memory on the run's replica).
 """
 
 from __future__ import annotations
@@ -72,7 +72,9 @@ async def start_generation(
         guidance_scale=body.guidance_scale,
         seed=body.seed,
     )
-    run = GenerationRun(ctx.requests, ctx.journal, request, ctx.backends, ctx.diffusion_window, body.response_format)
+    run = GenerationRun(
+        ctx.requests, ctx.journal, ctx.cancels, request, ctx.backends, ctx.diffusion_window, body.response_format
+    )
     ctx.runs.start(run, slot, is_detachable=is_detachable)
     return record
 
@@ -142,6 +144,7 @@ async def start_speech(
     run = SpeechRun(
         ctx.requests,
         ctx.journal,
+        ctx.cancels,
         record.request_id,
         segments,
         lambda request: _segment_pcm(ctx, request, text_deltas),

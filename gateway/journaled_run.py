@@ -3,7 +3,8 @@
 A subclass produces the output (`_produce`, journaling chunks with `_journal`) and returns the
 usage; this base moves the record queued → running → done | failed | cancelled, stops the
 production when a cancel is requested on any replica (the record's flag, woken early by
-pub/sub), and always writes the journal's end marker so readers stop.
+pub/sub), and always writes the journal's end marker so readers stop. Every journaled entry is
+then published to the run's `LiveOutput`, for readers on this replica.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import asyncio
 import contextlib
 import logging
 
+from chorus.gateway.live_output import LiveOutput
 from chorus.gateway.output_lead import OutputLead
-from chorus.gateway.state.cancel import wait_for_cancel
-from chorus.gateway.state.journal import OutputJournal
+from chorus.gateway.state.cancel import CancelListener, CancelWatch
+from chorus.gateway.state.journal import JournalEntry, OutputJournal
 from chorus.gateway.state.requests import CANCELLED, DONE, FAILED, RUNNING, RequestStore
 from chorus.runtime.errors import ChorusError, status_for
 
@@ -24,10 +26,14 @@ log = logging.getLogger("chorus.gateway.run")
 class JournaledRun:
     lead: OutputLead | None = None  # runs whose output waits for its readers set one
 
-    def __init__(self, requests: RequestStore, journal: OutputJournal, request_id: str) -> None:
+    def __init__(
+        self, requests: RequestStore, journal: OutputJournal, cancels: CancelListener, request_id: str
+    ) -> None:
         self.requests = requests
         self.journal = journal
+        self.cancels = cancels
         self.request_id = request_id
+        self.output = LiveOutput(journal, request_id)
 
     async def _produce(self) -> dict:
         """Journals the output; returns the usage (with `last_sequence`). Raises ChorusError on failure."""
@@ -35,9 +41,16 @@ class JournaledRun:
 
     async def run(self) -> str:
         """Runs to the end; returns the final status. Never raises for a failed request."""
-        if not await self.requests.transition(self.request_id, RUNNING):
-            return (await self.requests.get(self.request_id)).status  # cancelled before it started
-        cancel_watch = asyncio.create_task(wait_for_cancel(self.requests, self.request_id))
+        try:
+            with self.cancels.watch(self.request_id) as cancel:
+                if not await self.requests.transition(self.request_id, RUNNING):
+                    return (await self.requests.get(self.request_id)).status  # cancelled before it started
+                return await self._run_watched(cancel)
+        finally:
+            self.output.close()
+
+    async def _run_watched(self, cancel: CancelWatch) -> str:
+        cancel_watch = asyncio.create_task(cancel.wait())
         produce = asyncio.create_task(self._produce())
         try:
             await asyncio.wait({cancel_watch, produce}, return_when=asyncio.FIRST_COMPLETED)
@@ -71,6 +84,7 @@ class JournaledRun:
         if not data:
             return sequence
         await self.journal.append(self.request_id, sequence, data)
+        self.output.publish(JournalEntry(sequence, data))
         return sequence + 1
 
     async def _end(self, status: str, error: dict | None, usage: dict | None) -> str:
@@ -79,5 +93,5 @@ class JournaledRun:
             fields |= {"usage": usage, "last_sequence": usage["last_sequence"]}
         with contextlib.suppress(ChorusError):  # Redis down: the record's TTL and readers' checks cover it
             await self.requests.transition(self.request_id, status, **fields)
-            await self.journal.finish(self.request_id, status, error=error, usage=usage)
+            self.output.publish(await self.journal.finish(self.request_id, status, error=error, usage=usage))
         return status

@@ -64,7 +64,7 @@ class ChorusServicer(gateway_pb2_grpc.ChorusServicer):
         speech = await self._check_speak_request(request, is_text_streamed=False)
         ref_audio = request.ref_audio or None
         record = await start_speech(self.ctx, speech, owner, request.idempotency_key or None, ref_audio)
-        entries = self.ctx.runs.follow(record.request_id, self.ctx.journal.read(record.request_id))
+        entries = self.ctx.runs.follow(record.request_id)
         async for output in as_speak_outputs(record.request_id, record.kind, entries):
             yield output
 
@@ -78,7 +78,7 @@ class ChorusServicer(gateway_pb2_grpc.ChorusServicer):
         deltas = _text_deltas(messages, len(speech.input), self.ctx.config.max_input_chars)
         ref_audio = first.request.ref_audio or None
         record = await start_speech(self.ctx, speech, owner, first.request.idempotency_key or None, ref_audio, deltas)
-        entries = self.ctx.runs.follow(record.request_id, self.ctx.journal.read(record.request_id))
+        entries = self.ctx.runs.follow(record.request_id)
         async for output in as_speak_outputs(record.request_id, record.kind, entries):
             yield output
 
@@ -86,7 +86,7 @@ class ChorusServicer(gateway_pb2_grpc.ChorusServicer):
         owner = await self._authorize(context)
         record = await self.ctx.owned_record(request.request_id, owner)
         after_sequence = request.after_sequence if request.HasField("after_sequence") else None
-        entries = self.ctx.runs.follow(record.request_id, self.ctx.journal.read(record.request_id, after_sequence))
+        entries = self.ctx.runs.follow(record.request_id, after_sequence)
         async for output in as_speak_outputs(record.request_id, record.kind, entries):
             yield output
 

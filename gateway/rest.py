@@ -154,7 +154,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
             )
         record = await start_speech(ctx, body, owner, idempotency_key, ref_audio)
         headers = {"X-Request-Id": record.request_id}
-        chunks = ctx.runs.follow(record.request_id, ctx.journal.read(record.request_id))
+        chunks = ctx.runs.follow(record.request_id)
         first = await anext(chunks, None)
         if first is not None and first.final is not None and first.final["status"] != DONE:
             await chunks.aclose()  # failed before any audio: a proper error status, not a cut stream
@@ -280,8 +280,8 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         first, then live): the same bytes an uninterrupted stream would have carried from there on."""
         record = await ctx.owned_record(request_id, owner)
         after = after_sequence if after_sequence is not None else last_event_id
-        journal = ctx.runs.follow(record.request_id, ctx.journal.read(record.request_id, after))
-        entries = await _started(skip_bytes(journal, offset_bytes))
+        followed = ctx.runs.follow(record.request_id, after)
+        entries = await _started(skip_bytes(followed, offset_bytes))
         if stream_format == "sse":
             return StreamingResponse(as_sse(entries), media_type="text/event-stream")
         spec = FORMATS.get(record.response_format)

@@ -1,6 +1,7 @@
 """The runs of this gateway replica, as tasks of their own, detached from client connections.
 
-Readers (the first response, resumes on any replica) follow the journal. When the last reader
+Readers (the first response, resumes on any replica) follow the request's output: from memory
+when its run lives here (its `LiveOutput`), from the journal otherwise. When the last reader
 of a detachable run leaves, the run is cancelled after `detach_grace_s` unless a reader comes
 back, which frees the backends' slots promptly while allowing a quick reconnect to resume live.
 Asynchronous jobs (202 + request id) are not detachable: they run with no reader at all.
@@ -15,8 +16,9 @@ import logging
 from collections.abc import AsyncIterator
 
 from chorus.gateway.journaled_run import JournaledRun
+from chorus.gateway.live_output import LiveOutput
 from chorus.gateway.output_lead import OutputLead
-from chorus.gateway.state.journal import JournalEntry
+from chorus.gateway.state.journal import JournalEntry, OutputJournal
 from chorus.gateway.state.requests import FAILED
 from chorus.runtime.errors import ChorusError
 
@@ -24,12 +26,14 @@ log = logging.getLogger("chorus.gateway.run")
 
 
 class RunRegistry:
-    def __init__(self, detach_grace_s: float = 0.4) -> None:
+    def __init__(self, journal: OutputJournal, detach_grace_s: float = 0.4) -> None:
+        self.journal = journal
         self.detach_grace_s = detach_grace_s
         self._tasks: dict[str, asyncio.Task] = {}
         self._num_readers: dict[str, int] = {}
         self._detach_timers: dict[str, asyncio.TimerHandle] = {}
         self._leads: dict[str, OutputLead] = {}
+        self._outputs: dict[str, LiveOutput] = {}
 
     def start(
         self, run: JournaledRun, slot: contextlib.AsyncExitStack | None = None, is_detachable: bool = True
@@ -37,6 +41,7 @@ class RunRegistry:
         """Runs `run` in a task; `slot` (an entered admission) is closed when it ends."""
         task = asyncio.create_task(self._run(run, slot), name=f"run-{run.request_id}")
         self._tasks[run.request_id] = task
+        self._outputs[run.request_id] = run.output
         if is_detachable:
             self._num_readers[run.request_id] = 0
         if run.lead is not None:
@@ -77,15 +82,18 @@ class RunRegistry:
                     loop = asyncio.get_running_loop()
                     self._detach_timers[request_id] = loop.call_later(self.detach_grace_s, self._detach, request_id)
 
-    async def follow(self, request_id: str, entries: AsyncIterator[JournalEntry]) -> AsyncIterator[JournalEntry]:
-        """`entries` (of the request's journal), as a reader: keeps the run alive on this replica, and
-        lets it run ahead of what was taken only as far as its `OutputLead` allows."""
+    async def follow(self, request_id: str, after_sequence: int | None = None) -> AsyncIterator[JournalEntry]:
+        """The request's output after `after_sequence`, as a reader: keeps the run alive on this replica,
+        and lets it run ahead of what was taken only as far as its `OutputLead` allows."""
+        output = self._outputs.get(request_id)
+        entries = self.journal.read(request_id, after_sequence) if output is None else output.read(after_sequence)
         with self.reading(request_id):
-            async for entry in entries:
-                yield entry
-                lead = self._leads.get(request_id)
-                if lead is not None and entry.final is None:
-                    lead.read(entry.sequence)  # the consumer asked for more: it took this one
+            async with contextlib.aclosing(entries):
+                async for entry in entries:
+                    yield entry
+                    lead = self._leads.get(request_id)
+                    if lead is not None and entry.final is None:
+                        lead.read(entry.sequence)  # the consumer asked for more: it took this one
 
     def _detach(self, request_id: str) -> None:
         self._detach_timers.pop(request_id, None)
@@ -97,6 +105,7 @@ class RunRegistry:
         self._tasks.pop(request_id, None)
         self._num_readers.pop(request_id, None)
         self._leads.pop(request_id, None)
+        self._outputs.pop(request_id, None)
         timer = self._detach_timers.pop(request_id, None)
         if timer is not None:
             timer.cancel()

@@ -66,5 +66,6 @@ class GatewayService(Service):
             self._rest.should_exit = True
             await self._rest_task
         await self.context.runs.close()
+        await self.context.cancels.close()
         await self.context.backends.close()
         await self.context.redis.aclose()

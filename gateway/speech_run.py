@@ -1,7 +1,7 @@
 """Running one speech request: segments → talker/vocoder pipelines → encoder → output journal.
 
 The run's lifecycle (record, cancel, end marker) is `JournaledRun`'s; `RunRegistry` keeps it
-alive while readers follow the journal, and tells its `OutputLead` how far they got: the run
+alive while readers follow its output, and tells its `OutputLead` how far they got: the run
 pauses while it is `max_lead_s` of audio ahead of them.
 """
 
@@ -16,6 +16,7 @@ from chorus.gateway.metrics import REAL_TIME_FACTOR, TIME_TO_FIRST_AUDIO_S
 from chorus.gateway.ordered import ordered_concurrent
 from chorus.gateway.output_lead import OutputLead
 from chorus.gateway.segmenter import split_segments
+from chorus.gateway.state.cancel import CancelListener
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import RequestStore
 from chorus.v1 import common_pb2, talker_pb2
@@ -46,6 +47,7 @@ class SpeechRun(JournaledRun):
         self,
         requests: RequestStore,
         journal: OutputJournal,
+        cancels: CancelListener,
         request_id: str,
         segments: list[talker_pb2.SynthesisRequest],
         source: SegmentSource,
@@ -54,7 +56,7 @@ class SpeechRun(JournaledRun):
         max_concurrent_segments: int = 2,
         max_lead_s: float = 30.0,
     ) -> None:
-        super().__init__(requests, journal, request_id)
+        super().__init__(requests, journal, cancels, request_id)
         self.segments = segments
         self.source = source
         self.response_format = response_format

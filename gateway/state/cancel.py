@@ -1,28 +1,101 @@
-"""Waiting for a cancel that may come from any gateway replica.
+"""Waiting for a cancel that may come from any gateway replica, on one subscription per process.
 
-The flag in the request record is authoritative; the pub/sub message only wakes the waiter
-early (pub/sub is at-most-once), so the flag is polled as well.
+The flag in the request record is authoritative; the pub/sub message only wakes a waiter early.
+One pattern subscription serves every run of the process and wakes the waiters of the request
+named by the channel, which then read the flag. Pub/sub is at-most-once (a message published
+while the subscription is down is lost), so every waiter also reads the flag each
+`poll_interval_s`, and all of them read it when the subscription is (re)established.
+
+A run watches from before it is marked running: a cancel of a queued request takes effect
+there and then (the run never starts), so a cancel that matters is published after the watch
+began and reaches it, with no flag read at start.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+from collections.abc import Iterator
 
 from chorus.gateway.state import keys
-from chorus.gateway.state.connection import REDIS_ERRORS, redis_guard
+from chorus.gateway.state.connection import REDIS_ERRORS
 from chorus.gateway.state.requests import RequestStore
 
+log = logging.getLogger("chorus.gateway.cancel")
 
-async def wait_for_cancel(requests: RequestStore, request_id: str, poll_interval_s: float = 0.5) -> None:
-    """Returns once a cancel of `request_id` was requested; raises `Unavailable` if Redis fails."""
-    pubsub = requests.client.pubsub()
-    try:
-        with redis_guard("waiting for a cancel"):
-            await pubsub.subscribe(keys.cancel_channel(request_id))
-        # Subscribed first, then checked: a cancel published in between is still seen via the flag.
-        while not await requests.is_cancel_requested(request_id):
-            with redis_guard("waiting for a cancel"):
-                await pubsub.get_message(ignore_subscribe_messages=True, timeout=poll_interval_s)
-    finally:
-        with contextlib.suppress(*REDIS_ERRORS):
-            await pubsub.aclose()
+
+class CancelWatch:
+    """One request's watch: `wait` returns once a cancel of it was requested."""
+
+    def __init__(self, requests: RequestStore, request_id: str, poll_interval_s: float) -> None:
+        self.requests = requests
+        self.request_id = request_id
+        self.poll_interval_s = poll_interval_s
+        self.woken = asyncio.Event()
+
+    async def wait(self) -> None:
+        """Returns once the cancel flag is set; raises `Unavailable` if Redis fails reading it."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.woken.wait(), self.poll_interval_s)
+            self.woken.clear()
+            if await self.requests.is_cancel_requested(self.request_id):
+                return
+
+
+class CancelListener:
+    def __init__(self, requests: RequestStore, poll_interval_s: float = 5.0, retry_interval_s: float = 0.5) -> None:
+        self.requests = requests
+        self.poll_interval_s = poll_interval_s
+        self.retry_interval_s = retry_interval_s
+        self._watches: dict[str, set[CancelWatch]] = {}
+        self._listening: asyncio.Task | None = None
+
+    @contextlib.contextmanager
+    def watch(self, request_id: str) -> Iterator[CancelWatch]:
+        """Watches `request_id` for the duration of the block."""
+        if self._listening is None:
+            self._listening = asyncio.create_task(self._listen(), name="cancel-listener")
+        watch = CancelWatch(self.requests, request_id, self.poll_interval_s)
+        self._watches.setdefault(request_id, set()).add(watch)
+        try:
+            yield watch
+        finally:
+            watches = self._watches[request_id]
+            watches.discard(watch)
+            if not watches:
+                del self._watches[request_id]
+
+    async def _listen(self) -> None:
+        while True:
+            pubsub = self.requests.client.pubsub()
+            try:
+                await pubsub.psubscribe(keys.cancel_channel_pattern())
+                self._wake_all()  # a cancel published while not subscribed would be lost: read the flags
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None:
+                        self._wake(keys.request_id_of_cancel_channel(message["channel"].decode()))
+            except REDIS_ERRORS as exc:
+                log.warning("cancel subscription lost (%s); resubscribing", exc)
+                await asyncio.sleep(self.retry_interval_s)
+            finally:
+                with contextlib.suppress(*REDIS_ERRORS):
+                    await pubsub.aclose()
+
+    def _wake(self, request_id: str) -> None:
+        for watch in self._watches.get(request_id, ()):
+            watch.woken.set()
+
+    def _wake_all(self) -> None:
+        for watches in self._watches.values():
+            for watch in watches:
+                watch.woken.set()
+
+    async def close(self) -> None:
+        if self._listening is not None:
+            self._listening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listening
+            self._listening = None

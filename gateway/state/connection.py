@@ -3,8 +3,9 @@
 redis-py 8 retries a failed command 10 times with backoff by default; a gateway must instead
 answer 503 within about a second, so the client here does not retry and has short timeouts.
 Blocking reads (`XREAD BLOCK`) stay below `socket_timeout_s`, so a live stream never times out.
-Every live stream holds connections (its journal reader, its cancel watch), so the pool is large and
-a command waits up to `pool_wait_s` for a free connection rather than failing when a burst exhausts it.
+A stream read from the journal (a resume, a reader on another replica) holds a connection while it
+blocks, so the pool is large and a command waits up to `pool_wait_s` for a free connection rather
+than failing when a burst exhausts it.
 """
 
 from __future__ import annotations

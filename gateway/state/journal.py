@@ -4,6 +4,9 @@ Chunk `sequence` n is stored under the stream id `0-(n+1)`, so "everything after
 is a plain `XREAD` after id `0-(n+1)`. The last entry is the end marker with the final status.
 A reader replays what is journaled, then follows live entries (`XREAD BLOCK`) until the end
 marker, so a client that reconnects gets exactly the bytes it missed, in order.
+
+The stream's TTL is set with its first chunk and again with the end marker, not per chunk: like
+the request record (whose TTL moves only on status transitions), it outlives the run by `ttl_s`.
 """
 
 from __future__ import annotations
@@ -55,17 +58,28 @@ class OutputJournal:
 
     async def append(self, request_id: str, sequence: int, data: bytes) -> None:
         key = keys.journal(request_id)
+        entry = {"data": data}
         with redis_guard("journaling output"):
+            if sequence > 0:  # the hot path: one command, no pipeline
+                await self.client.xadd(key, entry, id=_stream_id(sequence), maxlen=self.max_entries, approximate=False)
+                return
             async with self.client.pipeline(transaction=False) as pipe:
-                pipe.xadd(key, {"data": data}, id=_stream_id(sequence), maxlen=self.max_entries, approximate=False)
+                pipe.xadd(key, entry, id=_stream_id(sequence), maxlen=self.max_entries, approximate=False)
                 pipe.expire(key, self.requests.ttl_s)
                 await pipe.execute()
 
-    async def finish(self, request_id: str, status: str, error: dict | None = None, usage: dict | None = None) -> None:
-        """Writes the end marker, after which readers stop."""
+    async def finish(
+        self, request_id: str, status: str, error: dict | None = None, usage: dict | None = None
+    ) -> JournalEntry:
+        """Writes the end marker, after which readers stop; returns it as a reader gets it."""
         final = json.dumps({"status": status, "error": error, "usage": usage})
+        key = keys.journal(request_id)
         with redis_guard("journaling output"):
-            await self.client.xadd(keys.journal(request_id), {"final": final}, id=_stream_id(_END_SEQUENCE))
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.xadd(key, {"final": final}, id=_stream_id(_END_SEQUENCE))
+                pipe.expire(key, self.requests.ttl_s)
+                await pipe.execute()
+        return JournalEntry(_END_SEQUENCE, b"", final=json.loads(final))
 
     async def read(self, request_id: str, after_sequence: int | None = None) -> AsyncIterator[JournalEntry]:
         """Journaled chunks after `after_sequence` (None: from the start), then live ones, then the end marker."""

@@ -17,6 +17,15 @@ def cancel_channel(request_id: str) -> str:
     return f"{PREFIX}:{{req:{request_id}}}:cancel"
 
 
+def cancel_channel_pattern() -> str:
+    """A PSUBSCRIBE pattern matching every request's cancel channel."""
+    return cancel_channel("*")
+
+
+def request_id_of_cancel_channel(channel: str) -> str:
+    return channel.removeprefix(f"{PREFIX}:{{req:").removesuffix("}:cancel")
+
+
 def idempotency(owner: str, key: str) -> str:
     return f"{PREFIX}:idem:{owner}:{key}"
 

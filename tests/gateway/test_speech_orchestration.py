@@ -24,6 +24,7 @@ from prometheus_client import REGISTRY
 from chorus.gateway.runner import RunRegistry
 from chorus.gateway.speech_pipeline import synthesize_segment
 from chorus.gateway.speech_run import SpeechRun, segment_requests
+from chorus.gateway.state.cancel import CancelListener
 from chorus.gateway.state.connection import open_redis
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import CANCELLED, DONE, FAILED, RequestStore
@@ -50,7 +51,9 @@ async def backends():
 async def state(redis_url):
     client = open_redis(redis_url)
     requests = RequestStore(client)
-    yield requests, OutputJournal(client, requests, block_ms=100)
+    cancels = CancelListener(requests)
+    yield requests, OutputJournal(client, requests, block_ms=100), cancels
+    await cancels.close()
     await client.aclose()
 
 
@@ -98,7 +101,7 @@ async def test_stopping_the_consumer_cancels_both_upstream_calls(backends):
 async def test_run_journals_segments_in_order_and_finishes_done(backends, state):
     talker, _, (talker_stub, vocoder_stub) = backends
     talker.delay_s = 0.002
-    requests, journal = state
+    requests, journal, cancels = state
     text = "First sentence here. Second one! A third, rather longer sentence? Fin."
     record = await requests.create("speech", model="m", response_format="wav")
     segments = segment_requests(record.request_id, request(""), text, max_segment_chars=24)
@@ -107,7 +110,7 @@ async def test_run_journals_segments_in_order_and_finishes_done(backends, state)
     def source(segment):
         return synthesize_segment(talker_stub, vocoder_stub, segment)
 
-    run = SpeechRun(requests, journal, record.request_id, segments, source, "wav", max_concurrent_segments=2)
+    run = SpeechRun(requests, journal, cancels, record.request_id, segments, source, "wav", max_concurrent_segments=2)
     assert await run.run() == DONE
     entries = [entry async for entry in journal.read(record.request_id)]
     assert entries[-1].final["status"] == DONE
@@ -124,12 +127,13 @@ async def test_run_journals_segments_in_order_and_finishes_done(backends, state)
 async def test_cancel_from_another_replica_stops_the_run_and_its_calls(backends, state, redis_url):
     talker, vocoder, (talker_stub, vocoder_stub) = backends
     talker.gate = asyncio.Event()  # the talker hangs after its first chunk, as a long request would
-    requests, journal = state
+    requests, journal, cancels = state
     record = await requests.create("speech", model="m", response_format="mp3")
     segments = segment_requests(record.request_id, request(""), "Hello there. How are you?", 200)
     run = SpeechRun(
         requests,
         journal,
+        cancels,
         record.request_id,
         segments,
         lambda s: synthesize_segment(talker_stub, vocoder_stub, s),
@@ -152,12 +156,13 @@ async def test_cancel_from_another_replica_stops_the_run_and_its_calls(backends,
 async def test_failed_segment_fails_the_request_with_its_message(backends, state):
     talker, _, (talker_stub, vocoder_stub) = backends
     talker.fail_with = common_pb2.Error(code="INTERNAL", message="talker crashed")
-    requests, journal = state
+    requests, journal, cancels = state
     record = await requests.create("speech", model="m", response_format="pcm")
     segments = segment_requests(record.request_id, request(""), "Hello.", 200)
     run = SpeechRun(
         requests,
         journal,
+        cancels,
         record.request_id,
         segments,
         lambda s: synthesize_segment(talker_stub, vocoder_stub, s),
@@ -171,13 +176,14 @@ async def test_failed_segment_fails_the_request_with_its_message(backends, state
 async def test_runner_cancels_a_run_without_readers_after_the_grace(backends, state):
     talker, vocoder, (talker_stub, vocoder_stub) = backends
     talker.gate = asyncio.Event()
-    requests, journal = state
-    runner = RunRegistry(detach_grace_s=0.2)
+    requests, journal, cancels = state
+    runner = RunRegistry(journal, detach_grace_s=0.2)
     record = await requests.create("speech", model="m", response_format="mp3")
     segments = segment_requests(record.request_id, request(""), "Hello there.", 200)
     run = SpeechRun(
         requests,
         journal,
+        cancels,
         record.request_id,
         segments,
         lambda s: synthesize_segment(talker_stub, vocoder_stub, s),

@@ -10,7 +10,7 @@ import pytest
 from chorus.gateway.errors import Unauthorized
 from chorus.gateway.state import keys
 from chorus.gateway.state.auth import ApiKeys, RateLimiter, hash_key
-from chorus.gateway.state.cancel import wait_for_cancel
+from chorus.gateway.state.cancel import CancelListener
 from chorus.gateway.state.connection import open_redis
 from chorus.gateway.state.journal import JournalTrimmed, OutputJournal
 from chorus.gateway.state.requests import CANCELLED, DONE, FAILED, QUEUED, RUNNING, RequestStore
@@ -132,15 +132,37 @@ async def test_cancel_queued_is_immediate_and_running_reaches_the_other_replica(
     running_id = (await store.create("speech", model="m")).request_id
     await store.transition(running_id, RUNNING)
     # A long poll interval: only the pub/sub hint can wake the waiter within the bound below.
-    waiter = asyncio.create_task(wait_for_cancel(store, running_id, poll_interval_s=30))
-    await asyncio.sleep(0.2)
-    assert not waiter.done()
-    started = time.monotonic()
-    assert await other_store.request_cancel(running_id) == RUNNING
-    await asyncio.wait_for(waiter, timeout=2)
-    assert time.monotonic() - started < 1.0
+    cancels = CancelListener(store, poll_interval_s=30)
+    with cancels.watch(running_id) as watch, cancels.watch("another-request") as other_watch:
+        waiter = asyncio.create_task(watch.wait())
+        other_waiter = asyncio.create_task(other_watch.wait())
+        await asyncio.sleep(0.2)
+        assert not waiter.done()
+        started = time.monotonic()
+        assert await other_store.request_cancel(running_id) == RUNNING
+        await asyncio.wait_for(waiter, timeout=2)
+        assert time.monotonic() - started < 1.0
+        assert not other_waiter.done()  # one subscription, but only the cancelled request's waiter returns
+        other_waiter.cancel()
+    await cancels.close()
     assert await store.transition(running_id, CANCELLED)
     assert await store.request_cancel(running_id) == CANCELLED  # already over: no change
+
+
+async def test_a_cancel_published_while_the_subscription_is_down_still_stops_the_waiter(client, other_client):
+    store, other_store = RequestStore(client), RequestStore(other_client)
+    running_id = (await store.create("speech", model="m")).request_id
+    await store.transition(running_id, RUNNING)
+    cancels = CancelListener(store, poll_interval_s=30, retry_interval_s=0.2)
+    with cancels.watch(running_id) as watch:
+        waiter = asyncio.create_task(watch.wait())
+        await asyncio.sleep(0.2)
+        await other_client.client_kill_filter(_type="pubsub")  # the listener's connection drops
+        started = time.monotonic()
+        assert await other_store.request_cancel(running_id) == RUNNING  # nobody hears this message
+        await asyncio.wait_for(waiter, timeout=2)  # resubscribed, then every waiter read its flag
+        assert time.monotonic() - started < 1.0
+    await cancels.close()
 
 
 async def test_idempotency_key_maps_to_the_first_request(client, other_client):
