@@ -154,6 +154,7 @@ class Qwen3DecoderLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.decode_kernels = None  # `chorus.talker.models.decode_kernels` once the stack is optimised on CUDA
+        self.decode_output_and_mlp = None  # `output_and_mlp` compiled for those decode steps
 
     def attention_inputs(self, normed: torch.Tensor, positions: torch.Tensor):
         return self.self_attn.project(normed, positions)
@@ -194,7 +195,7 @@ class Qwen3DecoderLayer(nn.Module):
             attention.q_norm.eps,
             attention.rope_theta,
         )
-        return self.output_and_mlp(x, kernels.decode_attention(queries, kv_cache, positions), next_norm_weight)
+        return self.decode_output_and_mlp(x, kernels.decode_attention(queries, kv_cache, positions), next_norm_weight)
 
 
 class Qwen3DecoderStack(nn.Module):
@@ -228,10 +229,14 @@ class Qwen3DecoderStack(nn.Module):
         return normed
 
     def optimize_for_decode(self) -> None:
-        """Fuse projections and `torch.compile` every layer's cache-free halves and the first norm (CUDA serving);
-        on CUDA, decode steps run their attention through the Triton kernels of `decode_kernels`. Fusing each
-        half's element-wise work turns ~70 small kernels per layer into ~10, which is what bounds a decode step at
-        small batch; layers share one compiled artifact per shape class."""
+        """Fuse projections and `torch.compile` what decode steps run (CUDA serving). Fusing element-wise work
+        turns ~70 small kernels per layer into ~10, which is what bounds a decode step at small batch.
+
+        With the Triton kernels of `decode_kernels` (CUDA), decode steps take their own path and only its output
+        half is compiled: decode steps replay as CUDA graphs, where kernel count is all that matters, while
+        prefills run eagerly — a call into code compiled for dynamic shapes costs the host 0.3–0.8 ms, so compiled
+        halves made one 0.6B prefill take ~40 ms of host time, far more than the kernels they save. Without the
+        kernels both halves of the shared path are compiled. Layers share one compiled artifact per shape class."""
         if self.optimized:
             return
         self.optimized = True
@@ -239,10 +244,12 @@ class Qwen3DecoderStack(nn.Module):
         for layer in self.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
-            layer.decode_kernels = self.decode_kernels
-            layer.attention_inputs = torch.compile(layer.attention_inputs, dynamic=True, fullgraph=True)
-            layer.output_and_mlp = torch.compile(layer.output_and_mlp, dynamic=True, fullgraph=True)
-            layer.attention_and_mlp = torch.compile(layer.attention_and_mlp, dynamic=True, fullgraph=True)
+            if self.decode_kernels is not None:
+                layer.decode_kernels = self.decode_kernels
+                layer.decode_output_and_mlp = torch.compile(layer.output_and_mlp, dynamic=True, fullgraph=True)
+            else:
+                layer.attention_inputs = torch.compile(layer.attention_inputs, dynamic=True, fullgraph=True)
+                layer.attention_and_mlp = torch.compile(layer.attention_and_mlp, dynamic=True, fullgraph=True)
         first_norm = self.layers[0].input_layernorm
         first_norm.forward = torch.compile(first_norm.forward, dynamic=True, fullgraph=True)
 
