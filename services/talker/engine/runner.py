@@ -12,6 +12,7 @@ import dataclasses
 
 import torch
 
+from chorus.talker.engine.prefill import PaddedPrefill
 from chorus.talker.models.qwen3_tts_talker import Qwen3TTSModel
 from chorus.talker.models.speaker_encoder import log_mel_spectrogram
 from chorus.talker.prompt import embed_prompt
@@ -132,6 +133,9 @@ class TalkerRunner:
             from chorus.talker.engine.graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self)
+        self.padded_prefill = None  # on CUDA, prefills run padded to buckets (and replayed, with graphs)
+        if self.device.type == "cuda":
+            self.padded_prefill = PaddedPrefill(model.talker.model, self.talker_cache, self.graphs is not None)
 
     def _compile(self) -> None:
         # Each compiled function is specialised per shape class (batch 1 or more, 1 or 2 tokens, prefill) and
@@ -147,8 +151,9 @@ class TalkerRunner:
         """Before the service reports SERVING: run prefills of one and of several rows (compiling their shape
         classes now rather than on the first requests, which would wait seconds), then capture decode graphs for
         every batch bucket (largest first, so later ones reuse its pool memory) and every attended length up to
-        `capture_positions` (None: `max_positions`). A longer length is captured when a step first needs it,
-        pausing the decode loop once. The slots used are free again afterwards."""
+        `capture_positions` (None: `max_positions`), and prefill graphs for every bucket. A longer length is
+        captured when a step first needs it, pausing the decode loop once. The slots used are free again
+        afterwards."""
         hidden_size = self.config.talker.hidden_size
         for num_rows, num_positions in ((1, 24), (min(2, self.num_slots), 31)):
             num_positions = min(num_positions, self.max_positions - 1)
@@ -156,6 +161,7 @@ class TalkerRunner:
             self.prefill(list(range(num_rows)), prompts)
         if self.graphs is None:
             return
+        self.padded_prefill.capture_all()
         buckets = sorted({batch_bucket(n, self.num_slots) for n in range(1, self.num_slots + 1)}, reverse=True)
         capture_positions = min(capture_positions or self.max_positions, self.max_positions)
         for num_rows in buckets:
@@ -223,10 +229,14 @@ class TalkerRunner:
         num_rows, longest = len(prompts), max(lengths)
         assert longest < self.max_positions, "prompt longer than the cache; the engine checks this"
         embeds = torch.nn.utils.rnn.pad_sequence(prompts, batch_first=True).to(self.dtype)
-        positions = torch.arange(longest, device=self.device).repeat(num_rows, 1)
-        num_layers, _, _, num_kv_heads, _, head_dim = self.talker_cache.shape
-        scratch = self.talker_cache.new_empty(num_layers, 2, num_rows, num_kv_heads, longest, head_dim)
-        hidden = self.model.talker.model(embeds, positions, list(scratch), longest)
+        padded = self.padded_prefill.run(embeds) if self.padded_prefill is not None else None
+        if padded is not None:
+            hidden, scratch = padded
+        else:
+            positions = torch.arange(longest, device=self.device).repeat(num_rows, 1)
+            num_layers, _, _, num_kv_heads, _, head_dim = self.talker_cache.shape
+            scratch = self.talker_cache.new_empty(num_layers, 2, num_rows, num_kv_heads, longest, head_dim)
+            hidden = self.model.talker.model(embeds, positions, list(scratch), longest)
         index = torch.tensor(slots, device=self.device)
         self.talker_cache[..., :longest, :].index_copy_(2, index, scratch)
         last_index = torch.tensor(lengths, device=self.device) - 1

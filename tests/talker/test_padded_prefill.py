@@ -1,0 +1,47 @@
+"""Prefill padded to a (rows, length) bucket computes what the unpadded prefill computes for the real positions,
+and writes the same cache entries there (CPU here; the CUDA graphs that replay it are covered by the GPU tests)."""
+
+from __future__ import annotations
+
+import torch
+
+from chorus.talker.engine.prefill import PaddedPrefill, prefill_bucket
+from chorus.talker.loader import TINY_CONFIG, TINY_SEED, build_random
+
+
+def test_buckets():
+    assert prefill_bucket(1, 1) == (1, 64)
+    assert prefill_bucket(3, 64) == (4, 64)
+    assert prefill_bucket(16, 65) == (16, 128)
+    assert prefill_bucket(17, 10) is None
+    assert prefill_bucket(2, 513) is None
+
+
+def test_padded_prefill_matches_the_unpadded_forward():
+    torch.manual_seed(0)
+    stack = build_random(TINY_CONFIG, TINY_SEED).talker.model
+    block = stack.config
+    cache = torch.zeros(block.num_hidden_layers, 2, 4, block.num_key_value_heads, 256, block.head_dim)
+    padded = PaddedPrefill(stack, cache, use_cuda_graphs=False)
+    lengths = [70, 45, 3]  # → bucket (4 rows, 128 positions)
+    embeds = torch.nn.utils.rnn.pad_sequence([torch.randn(n, block.hidden_size) for n in lengths], batch_first=True)
+    longest = max(lengths)
+    scratch = cache.new_zeros(
+        block.num_hidden_layers, 2, len(lengths), block.num_key_value_heads, longest, block.head_dim
+    )
+    with torch.inference_mode():
+        positions = torch.arange(longest).repeat(len(lengths), 1)
+        expected = stack(embeds, positions, list(scratch), longest)
+        hidden, written = padded.run(embeds)
+    assert hidden.shape == expected.shape and written.shape == scratch.shape
+    for row, length in enumerate(lengths):  # padded positions differ only past each row's prompt
+        torch.testing.assert_close(hidden[row, :length], expected[row, :length], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(written[:, :, row, :, :length], scratch[:, :, row, :, :length], atol=1e-5, rtol=1e-5)
+
+
+def test_beyond_the_largest_bucket_is_left_to_the_caller():
+    stack = build_random(TINY_CONFIG, TINY_SEED).talker.model
+    block = stack.config
+    cache = torch.zeros(block.num_hidden_layers, 2, 1, block.num_key_value_heads, 1024, block.head_dim)
+    with torch.inference_mode():
+        assert PaddedPrefill(stack, cache, use_cuda_graphs=False).run(torch.zeros(1, 600, block.hidden_size)) is None
