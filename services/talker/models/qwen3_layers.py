@@ -234,9 +234,10 @@ class Qwen3DecoderStack(nn.Module):
 
         With the Triton kernels of `decode_kernels` (CUDA), decode steps take their own path and only its output
         half is compiled: decode steps replay as CUDA graphs, where kernel count is all that matters, while
-        prefills run eagerly — a call into code compiled for dynamic shapes costs the host 0.3–0.8 ms, so compiled
-        halves made one 0.6B prefill take ~40 ms of host time, far more than the kernels they save. Without the
-        kernels both halves of the shared path are compiled. Layers share one compiled artifact per shape class."""
+        prefills take the uncompiled path (which the runner replays as graphs of its own) — a call into code
+        compiled for dynamic shapes costs the host 0.3–0.8 ms, so compiled halves made one 0.6B prefill take ~40 ms
+        of host time. Without the kernels both halves of the shared path are compiled. Layers share one compiled
+        artifact per shape class."""
         if self.optimized:
             return
         self.optimized = True
