@@ -44,3 +44,19 @@ def graph_capture(graph: torch.cuda.CUDAGraph, pool=None):
     process may keep using the GPU meanwhile."""
     with torch.cuda.graph(graph, pool=pool, stream=capture_stream(), capture_error_mode="thread_local"):
         yield
+
+
+def capture_graph(run, pool=None, num_warmup_runs: int = 2):
+    """`run()` warmed up on this thread's capture stream (as capture requires: lazy initialisation, autotuning),
+    then captured with `graph_capture`; returns the graph and what the captured call returned (its static output).
+    """
+    stream = capture_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(num_warmup_runs):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with graph_capture(graph, pool):
+        output = run()
+    return graph, output

@@ -17,7 +17,7 @@ import torch
 
 from chorus.diffusion.dit import StableAudioDenoiser
 from chorus.diffusion.loader import StableAudioModels
-from chorus.runtime.streams import capture_stream, graph_capture
+from chorus.runtime.streams import capture_graph
 
 logger = logging.getLogger(__name__)
 
@@ -74,16 +74,8 @@ class GraphedDenoiser:
             torch.zeros(rows, self.num_cross_tokens, config.cross_attention_input_dim, device=device),
             torch.zeros(rows, 1, config.global_states_input_dim, device=device),
         ]
-        # Warm-up on a side stream, as capture requires: it also builds the device rotary tables.
-        stream = capture_stream()
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            for _ in range(num_warmup_runs):
-                self.denoiser(*static)
-        torch.cuda.current_stream(device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with graph_capture(graph, self._pool):
-            velocity = self.denoiser(*static)
+        # The warm-up also builds the device rotary tables.
+        graph, velocity = capture_graph(lambda: self.denoiser(*static), self._pool, num_warmup_runs)
         self._pool = graph.pool()
         self._graphs[rows] = _Graph(graph, *static, velocity)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from chorus.runtime.streams import capture_stream, graph_capture
+from chorus.runtime.streams import capture_graph
 
 
 class DecodeGraphs:
@@ -25,15 +25,7 @@ class DecodeGraphs:
         runner = self.runner
         saved_active = runner.active.clone()
         runner.active.zero_()
-        side = capture_stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                runner.decode_compute(num_rows, attended_length)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with graph_capture(graph, self.pool):
-            runner.decode_compute(num_rows, attended_length)
+        graph, _ = capture_graph(lambda: runner.decode_compute(num_rows, attended_length), self.pool)
         if self.pool is None:
             self.pool = graph.pool()
         runner.active.copy_(saved_active)

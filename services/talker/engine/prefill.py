@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from chorus.runtime.streams import capture_stream, graph_capture
+from chorus.runtime.streams import capture_graph
 
 ROW_BUCKETS = (1, 2, 4, 8, 16)
 LENGTH_BUCKETS = (64, 128, 256, 512)
@@ -66,15 +66,7 @@ class PaddedPrefill:
 
     @torch.inference_mode()
     def capture(self, rows: int, length: int) -> None:
-        side = capture_stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._forward(rows, length)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with graph_capture(graph, self.pool):
-            hidden = self._forward(rows, length)
+        graph, hidden = capture_graph(lambda: self._forward(rows, length), self.pool)
         if self.pool is None:
             self.pool = graph.pool()
         self.graphs[(rows, length)] = (graph, hidden)

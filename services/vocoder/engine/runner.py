@@ -7,7 +7,7 @@ import bisect
 
 import torch
 
-from chorus.runtime.streams import capture_stream, graph_capture
+from chorus.runtime.streams import capture_graph
 from chorus.vocoder.models.codec_decoder import CodecDecoder
 
 
@@ -77,15 +77,8 @@ class _CapturedDecode:
         num_quantizers = runner.decoder.config.num_quantizers
         self.codes = torch.zeros(batch_size, num_frames, num_quantizers, dtype=torch.int64, device=runner.device)
         self.slots = torch.full((batch_size,), runner.scratch_slot, dtype=torch.int64, device=runner.device)
-        stream = capture_stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(2):  # warm-up on the scratch row only: live rows must not change
-                runner.decode_eager(self.slots, self.codes)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with graph_capture(self.graph, memory_pool), torch.inference_mode():
-            self.waveform = runner.decode_eager(self.slots, self.codes)
+        with torch.inference_mode():  # warm-up runs on the scratch row only: live rows must not change
+            self.graph, self.waveform = capture_graph(lambda: runner.decode_eager(self.slots, self.codes), memory_pool)
 
     def replay(self, slots: list[int], codes: torch.Tensor) -> torch.Tensor:
         batch_size = codes.shape[0]
