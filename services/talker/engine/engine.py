@@ -278,11 +278,11 @@ class TalkerEngine:
         """One engine step (commands → plan → prefills → one decode step); False when there was nothing to do."""
         self._apply_commands()
         plan = self.scheduler.plan()
-        started = time.perf_counter()
         if plan.prefill:
+            prefill_started = time.perf_counter()
             self._prefill(plan.prefill)
             self.stats.prefills += len(plan.prefill)
-            self.stats.prefill_ms_total += (time.perf_counter() - started) * 1000
+            self.stats.prefill_ms_total += (time.perf_counter() - prefill_started) * 1000
         started = time.perf_counter()
         decode = [r for r in plan.decode if r.status is Status.RUNNING]
         launched = None
