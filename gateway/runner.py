@@ -16,8 +16,6 @@ import logging
 from collections.abc import AsyncIterator
 
 from chorus.gateway.journaled_run import JournaledRun
-from chorus.gateway.live_output import LiveOutput
-from chorus.gateway.output_lead import OutputLead
 from chorus.gateway.state.journal import JournalEntry, OutputJournal
 from chorus.gateway.state.requests import FAILED
 from chorus.runtime.errors import ChorusError
@@ -32,8 +30,7 @@ class RunRegistry:
         self._tasks: dict[str, asyncio.Task] = {}
         self._num_readers: dict[str, int] = {}
         self._detach_timers: dict[str, asyncio.TimerHandle] = {}
-        self._leads: dict[str, OutputLead] = {}
-        self._outputs: dict[str, LiveOutput] = {}
+        self._runs: dict[str, JournaledRun] = {}  # while running: their output and its lead
 
     def start(
         self, run: JournaledRun, slot: contextlib.AsyncExitStack | None = None, is_detachable: bool = True
@@ -41,11 +38,9 @@ class RunRegistry:
         """Runs `run` in a task; `slot` (an entered admission) is closed when it ends."""
         task = asyncio.create_task(self._run(run, slot), name=f"run-{run.request_id}")
         self._tasks[run.request_id] = task
-        self._outputs[run.request_id] = run.output
+        self._runs[run.request_id] = run
         if is_detachable:
             self._num_readers[run.request_id] = 0
-        if run.lead is not None:
-            self._leads[run.request_id] = run.lead
         task.add_done_callback(lambda _: self._forget(run.request_id))
         return task
 
@@ -85,15 +80,15 @@ class RunRegistry:
     async def follow(self, request_id: str, after_sequence: int | None = None) -> AsyncIterator[JournalEntry]:
         """The request's output after `after_sequence`, as a reader: keeps the run alive on this replica,
         and lets it run ahead of what was taken only as far as its `OutputLead` allows."""
-        output = self._outputs.get(request_id)
-        entries = self.journal.read(request_id, after_sequence) if output is None else output.read(after_sequence)
+        run = self._runs.get(request_id)
+        entries = self.journal.read(request_id, after_sequence) if run is None else run.output.read(after_sequence)
         with self.reading(request_id):
             async with contextlib.aclosing(entries):
                 async for entry in entries:
                     yield entry
-                    lead = self._leads.get(request_id)
-                    if lead is not None and entry.final is None:
-                        lead.read(entry.sequence)  # the consumer asked for more: it took this one
+                    run = self._runs.get(request_id)
+                    if run is not None and run.lead is not None and entry.final is None:
+                        run.lead.read(entry.sequence)  # the consumer asked for more: it took this one
 
     def _detach(self, request_id: str) -> None:
         self._detach_timers.pop(request_id, None)
@@ -104,8 +99,7 @@ class RunRegistry:
     def _forget(self, request_id: str) -> None:
         self._tasks.pop(request_id, None)
         self._num_readers.pop(request_id, None)
-        self._leads.pop(request_id, None)
-        self._outputs.pop(request_id, None)
+        self._runs.pop(request_id, None)
         timer = self._detach_timers.pop(request_id, None)
         if timer is not None:
             timer.cancel()
