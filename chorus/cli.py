@@ -25,6 +25,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"chorus serve {args.service}: {exc}", file=sys.stderr)
         return 2
     configure_logging(args.service, config.log_level, config.log_format)
+    if args.service == "gateway" and config.workers > 1:
+        from chorus.gateway.workers import run_workers
+
+        return run_workers(config)
     run(config, entry.load_service_class())
     return 0
 

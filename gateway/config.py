@@ -19,6 +19,11 @@ class GatewayConfig(ServiceConfig):
     vocoder_targets: tuple[str, ...] = option(("127.0.0.1:50052",), "Vocoder replicas, host:port, comma-separated.")
     diffusion_targets: tuple[str, ...] = option(("127.0.0.1:50053",), "Diffusion replicas, host:port, comma-separated.")
     health_interval_s: float = option(1.0, "How often each backend replica's health is checked.")
+    workers: int = option(
+        1,
+        "Gateway processes sharing these ports, one core each; each is a replica of its own (its own admission "
+        "limits). 2–4 keep up with one GPU's speech traffic, which one process cannot.",
+    )
 
     max_input_chars: int = option(4096, "Longest speech `input` (and text-to-audio `prompt`) accepted, in characters.")
     max_body_bytes: int = option(16 * 1024 * 1024, "Largest request body accepted (413 beyond it).")
@@ -52,3 +57,7 @@ class GatewayConfig(ServiceConfig):
         300, "Long speech input is split at sentence boundaries into segments of about this many characters."
     )
     speech_concurrent_segments: int = option(2, "Segments of one speech request synthesised at once.")
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers: must be at least 1, got {self.workers}")

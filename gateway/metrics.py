@@ -20,8 +20,12 @@ REAL_TIME_FACTOR = Histogram(
     ["kind"],
     buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5),
 )
-QUEUE_DEPTH = Gauge("chorus_gateway_queue_depth", "Requests waiting for a backend slot.", ["backend"])
-IN_FLIGHT = Gauge("chorus_gateway_in_flight", "Requests holding a backend slot.", ["backend"])
+QUEUE_DEPTH = Gauge(
+    "chorus_gateway_queue_depth", "Requests waiting for a backend slot.", ["backend"], multiprocess_mode="livesum"
+)
+IN_FLIGHT = Gauge(
+    "chorus_gateway_in_flight", "Requests holding a backend slot.", ["backend"], multiprocess_mode="livesum"
+)
 REDIS_SECONDS = Histogram(
     "chorus_gateway_redis_seconds",
     "Latency of the gateway's Redis round trips.",

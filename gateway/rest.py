@@ -14,7 +14,7 @@ from typing import Literal
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from chorus.gateway import proto_convert
 from chorus.gateway.audio import FORMATS
@@ -30,6 +30,7 @@ from chorus.gateway.state.connection import REDIS_ERRORS
 from chorus.gateway.state.journal import JournalEntry
 from chorus.gateway.state.requests import DONE, TERMINAL, RequestRecord
 from chorus.gateway.streaming import as_bytes, as_sse, skip_bytes, sse_event
+from chorus.runtime.metrics import metrics_registry
 
 _ERROR_RESPONSES = {
     status: {"description": description, "content": {"application/json": {"example": envelope("…", kind)}}}
@@ -127,8 +128,8 @@ def create_app(ctx: GatewayContext) -> FastAPI:
 
     @app.get("/metrics", tags=["operations"], response_class=Response)
     async def metrics() -> Response:
-        """Prometheus metrics of this gateway replica."""
-        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+        """Prometheus metrics of this gateway replica (all its workers)."""
+        return Response(generate_latest(metrics_registry()), media_type=CONTENT_TYPE_LATEST)
 
     @app.post(
         "/v1/audio/speech",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 
 import grpc
 import uvicorn
@@ -44,22 +45,29 @@ class GatewayService(Service):
     async def start(self) -> None:
         self.context.backends.start()
         app = create_app(self.context)
-        rest_config = uvicorn.Config(
-            app,
-            host=self.config.rest_host,
-            port=self.config.rest_port,
-            log_config=None,
-            access_log=False,
-            lifespan="off",
-        )
-        self._rest = _EmbeddedUvicorn(rest_config)
-        self._rest_task = asyncio.create_task(self._rest.serve(), name="rest")
+        self._rest = _EmbeddedUvicorn(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off"))
+        self._rest_task = asyncio.create_task(self._rest.serve(sockets=[self._rest_socket()]), name="rest")
         while not self._rest.started:
-            if self._rest_task.done():  # e.g. the port is taken
+            if self._rest_task.done():
                 raise RuntimeError(f"REST server failed to start on {self.config.rest_host}:{self.config.rest_port}")
             await asyncio.sleep(0.02)
         self.rest_port = self._rest.servers[0].sockets[0].getsockname()[1]
         log.info("REST API on http://%s:%d", self.config.rest_host, self.rest_port)
+
+    def _rest_socket(self) -> socket.socket:
+        """The REST listening socket, shared the way gRPC shares its port by default (SO_REUSEPORT): gateway
+        workers on one host take the same port and the kernel spreads connections over them."""
+        host, port = self.config.rest_host, self.config.rest_port
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise RuntimeError(f"REST server cannot listen on {host}:{port}: {exc}") from None
+        return sock
 
     async def close(self) -> None:
         if self._rest is not None:

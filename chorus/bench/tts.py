@@ -5,6 +5,7 @@ is done."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Callable
@@ -88,21 +89,31 @@ async def run(args, progress) -> list[dict]:
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     metadata = tuple(headers.items())
     limits = httpx.Limits(max_connections=max(args.concurrency) * 2)
+    # One connection per request in flight, as that many separate clients would have (one shared channel would
+    # multiplex every stream onto one connection, hence onto one gateway worker); REST's pool does the same.
+    channels = [
+        grpc.aio.insecure_channel(args.grpc_target, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(max(args.concurrency) if args.transport in ("grpc", "both") else 0)
+    ]
     levels = []
     async with (
         httpx.AsyncClient(base_url=args.url, headers=headers, timeout=args.request_timeout_s, limits=limits) as http,
-        grpc.aio.insecure_channel(args.grpc_target) as channel,
+        contextlib.AsyncExitStack() as open_channels,
     ):
+        for channel in channels:
+            await open_channels.enter_async_context(channel)
+        stubs = [gateway_pb2_grpc.ChorusStub(channel) for channel in channels]
         model = args.model or (await http.get("/v1/models")).json()["data"][0]["id"]
-        stub = gateway_pb2_grpc.ChorusStub(channel)
         texts = [SPEECH[name] for name in args.prompts]
         transports = ("rest", "grpc") if args.transport == "both" else (args.transport,)
         for transport, concurrency in itertools.product(transports, args.concurrency):
             num_requests = args.requests_per_level or max(8, 2 * concurrency)
 
-            def send(index: int, transport=transport):
+            def send(index: int, transport=transport, concurrency=concurrency):
                 body = speech_body(model, texts[index % len(texts)], index, args.fixed_frames, args.voice)
-                return rest_request(http, body) if transport == "rest" else grpc_request(stub, body, metadata)
+                if transport == "rest":
+                    return rest_request(http, body)
+                return grpc_request(stubs[index % concurrency], body, metadata)
 
             counter = progress.level(f"{transport} c={concurrency}", num_requests)
             summary = await run_level(send, concurrency, num_requests, counter)

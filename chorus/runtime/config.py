@@ -47,6 +47,17 @@ def env_name(config_cls: type, field: dataclasses.Field) -> str:
     return config_cls.env_prefix + field.name.upper()
 
 
+def to_environ(config: ServiceConfig) -> dict[str, str]:
+    """The env vars from which `load_config` builds `config` again (for a child process that runs with it)."""
+
+    def text(value: Any) -> str:
+        if isinstance(value, tuple):
+            return ",".join(value)
+        return "none" if value is None else str(value)
+
+    return {env_name(type(config), field): text(getattr(config, field.name)) for field in dataclasses.fields(config)}
+
+
 def _field_types(config_cls: type) -> dict[str, Any]:
     return typing.get_type_hints(config_cls)
 

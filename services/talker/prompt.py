@@ -158,28 +158,47 @@ def _icl_prompt(config: Qwen3TTSConfig, request: VoiceRequest, head: list[Positi
     return Prompt(head + block, text_track[len(codec_track) :], streams_text=False)
 
 
-def embed_prompt(talker, prompt: Prompt, request: VoiceRequest) -> torch.Tensor:
-    """Prefill input `[L, H]` of `prompt` through the talker's embeddings (`talker`: `Qwen3TTSTalker`)."""
+def embed_prompts(talker, prompts: list[Prompt], requests: list[VoiceRequest]) -> tuple[torch.Tensor, list[int]]:
+    """Prefill input `[B, L, H]` of a batch of prompts through the talker's embeddings (`talker`:
+    `Qwen3TTSTalker`), right-padded with zeros to the longest, and each prompt's length.
+
+    One embedding call per kind of position for the whole batch, not per prompt: each call from the host is a few
+    launches and a copy, which under load cost more than the prefill forward itself. Each position's parts are
+    summed in the same order as the reference (text, codec, frame, speaker)."""
     weight = talker.model.codec_embedding.weight
     device, dtype = weight.device, weight.dtype
-    embeds = torch.zeros(len(prompt.positions), weight.shape[1], device=device, dtype=dtype)
-
-    def add(indices: list[int], parts: torch.Tensor) -> None:
-        if indices:
-            embeds[indices] = embeds[indices] + parts
-
-    def id_tensor(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, device=device, dtype=torch.long)
-
-    text_at = [i for i, p in enumerate(prompt.positions) if p.text_id is not None]
-    codec_at = [i for i, p in enumerate(prompt.positions) if p.codec_id is not None]
-    frame_at = [i for i, p in enumerate(prompt.positions) if p.ref_frame is not None]
-    speaker_at = [i for i, p in enumerate(prompt.positions) if p.speaker]
-    add(text_at, talker.embed_text(id_tensor([prompt.positions[i].text_id for i in text_at])))
-    add(codec_at, talker.embed_codec(id_tensor([prompt.positions[i].codec_id for i in codec_at])))
+    lengths = [len(prompt.positions) for prompt in prompts]
+    longest = max(lengths)
+    text_at, text_ids, codec_at, codec_ids, frame_at, frames, speaker_at, speakers = [], [], [], [], [], [], [], []
+    for row, (prompt, request) in enumerate(zip(prompts, requests, strict=True)):
+        ref_frames = []
+        for index, position in enumerate(prompt.positions, start=row * longest):
+            if position.text_id is not None:
+                text_at.append(index)
+                text_ids.append(position.text_id)
+            if position.codec_id is not None:
+                codec_at.append(index)
+                codec_ids.append(position.codec_id)
+            if position.ref_frame is not None:
+                frame_at.append(index)
+                ref_frames.append(position.ref_frame)
+            if position.speaker:
+                speaker_at.append(index)
+                speakers.append(request.speaker_vector.to(device=device, dtype=dtype))
+        if ref_frames:
+            frames.append(request.ref_codes[ref_frames])
+    ids = torch.tensor(text_at + text_ids + codec_at + codec_ids + frame_at + speaker_at).to(device)
+    text_at_t, text_ids_t, codec_at_t, codec_ids_t, frame_at_t, speaker_at_t = ids.split(
+        [len(text_at), len(text_ids), len(codec_at), len(codec_ids), len(frame_at), len(speaker_at)]
+    )
+    embeds = torch.zeros(len(prompts) * longest, weight.shape[1], device=device, dtype=dtype)
+    if text_at:
+        embeds.index_add_(0, text_at_t, talker.embed_text(text_ids_t))
+    if codec_at:
+        embeds.index_add_(0, codec_at_t, talker.embed_codec(codec_ids_t))
     if frame_at:
-        codes = request.ref_codes.to(device=device, dtype=torch.long)
-        add(frame_at, talker.embed_frame(codes[[prompt.positions[i].ref_frame for i in frame_at]]))
+        codes = torch.cat(frames).to(device=device, dtype=torch.long)
+        embeds.index_add_(0, frame_at_t, talker.embed_frame(codes))
     if speaker_at:
-        add(speaker_at, request.speaker_vector.to(device=device, dtype=dtype).view(1, -1))
-    return embeds
+        embeds.index_add_(0, speaker_at_t, torch.stack(speakers))
+    return embeds.view(len(prompts), longest, -1), lengths

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from chorus.talker.engine.engine import EngineConfig, TalkerEngine
 from chorus.talker.loader import TINY_CONFIG, TINY_SEED, build_random, load_checkpoint, save_official
-from chorus.talker.prompt import VoiceRequest, build_prompt, embed_prompt
+from chorus.talker.prompt import VoiceRequest, build_prompt, embed_prompts
 from chorus.talker.sampling import RowParams, SamplingParams, penalize_and_suppress, warp
 
 pytestmark = pytest.mark.parity
@@ -280,7 +280,7 @@ def _teacher_forced_probabilities(loaded, voice: VoiceRequest, codes: torch.Tens
     cache = torch.zeros(block.num_hidden_layers, 2, 1, block.num_key_value_heads, 128, block.head_dim)
     cp_cache = torch.zeros(cp_block.num_hidden_layers, 2, 1, cp_block.num_key_value_heads, 16, cp_block.head_dim)
     prompt = build_prompt(config, voice)
-    embeds = embed_prompt(talker, prompt, voice)[None]
+    embeds, _ = embed_prompts(talker, [prompt], [voice])
     length = embeds.shape[1]
     hidden, logits = talker(embeds, torch.arange(length)[None], list(cache), length)
     generated = torch.zeros(1, config.codec_vocab_size, dtype=torch.bool)

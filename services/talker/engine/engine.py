@@ -340,7 +340,7 @@ class TalkerEngine:
 
     def _prefill(self, requests: list[TalkerRequest]) -> None:
         """Build each request's prompt, then run every valid one into its slot in one batched forward."""
-        ready, prompts = [], []
+        ready = []
         for request in requests:
             self._requests[request.request_id][1].scheduled_at = time.perf_counter()
             try:
@@ -354,7 +354,6 @@ class TalkerEngine:
                         f"text: prompt of {request.num_prompt_positions} positions exceeds the limit "
                         f"of {self.config.max_positions - 1}"
                     )
-                prompts.append(self.runner.embed_prompt(request.prompt, voice))
                 ready.append(request)
             except PromptError as error:
                 self._finish(request, FinishReason.ERROR, str(error))
@@ -363,7 +362,8 @@ class TalkerEngine:
             self.runner.set_params(
                 slots, [r.sampling for r in ready], [r.seed for r in ready], [r.ignore_eos for r in ready]
             )
-            self.runner.prefill(slots, prompts)
+            embeds, lengths = self.runner.embed_prompts([r.prompt for r in ready], [r.voice for r in ready])
+            self.runner.prefill(slots, embeds, lengths)
 
     def _launch(self, requests: list[TalkerRequest], text_ids: list[int]) -> tuple[DecodeLaunch, list[TalkerRequest]]:
         launch = self.runner.launch([r.slot for r in requests], text_ids, max(r.position for r in requests))
@@ -375,16 +375,16 @@ class TalkerEngine:
         """Hand out a launched step's frames. A request that finished meanwhile (EOS in the step before, cancel)
         had one frame launched too many: it is dropped, and its slot's state is reset by the next prefill."""
         frames, next_code0 = self.runner.collect(launch)
-        frames_np, next_np = frames.numpy().astype(np.int16), next_code0.numpy()
+        frames = frames.astype(np.int16)
         eos = self.model_config.codec_ids.eos
         for index, request in enumerate(requests):
             if request.status is Status.FINISHED:
                 continue
             _, stream = self._requests[request.request_id]
-            stream.push(frames_np[index])
+            stream.push(frames[index])
             request.num_frames += 1
             request.buffered_frames += 1
-            if next_np[index] == eos and not request.ignore_eos:
+            if next_code0[index] == eos and not request.ignore_eos:
                 self._finish(request, FinishReason.EOS)
             elif request.num_frames >= request.max_frames or (
                 request.num_prompt_positions + request.num_frames >= self.config.max_positions

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from chorus.talker.engine.prefill import PaddedPrefill
 from chorus.talker.models.qwen3_tts_talker import Qwen3TTSModel
 from chorus.talker.models.speaker_encoder import log_mel_spectrogram
-from chorus.talker.prompt import embed_prompt
+from chorus.talker.prompt import embed_prompts
 from chorus.talker.sampling import RowParams, SamplingParams, sample_code, sample_code0
 
 LENGTH_BUCKET = 256  # attended-length bucket of the PyTorch attention path
@@ -111,15 +112,17 @@ class TalkerRunner:
             _row_params(num_slots, device), _row_params(num_slots, device), torch.ones(num_slots, device=device)
         )
         self.min_frames = torch.full((num_slots,), MIN_FRAMES, dtype=torch.long, device=device)
-        # Step inputs and outputs: static buffers, so a captured graph reads and writes the same memory.
-        self.active = torch.zeros(num_slots, dtype=torch.bool, device=device)
-        self.text_ids = torch.zeros(num_slots, dtype=torch.long, device=device)
+        # Step inputs and outputs: static buffers, so a captured graph reads and writes the same memory. The inputs
+        # (per slot: an active flag, the text id to add) are one buffer, for one host-to-device copy per step.
+        self.step_inputs = torch.zeros(2, num_slots, dtype=torch.long, device=device)
+        self.active, self.text_ids = self.step_inputs
         # One row per slot: the frame's 16 codes, then the next codebook-0 id — one device-to-host copy per step.
         self.out = torch.zeros(num_slots, self.config.num_code_groups + 1, dtype=torch.long, device=device)
         # Host staging, two of each: step N+1 is launched before step N's output is read (see `launch`).
         pinned = device.type == "cuda"
         self._host_inputs = [torch.zeros(2, num_slots, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
         self._host_outputs = [torch.zeros_like(self.out, device="cpu", pin_memory=pinned) for _ in range(2)]
+        self._step_done = [torch.cuda.Event() for _ in range(2)] if pinned else None
         self._launches = 0
         self._sample_code0, self._sample_code = sample_code0, sample_code
         if compile_step and self.device.type == "cuda":
@@ -157,8 +160,8 @@ class TalkerRunner:
         hidden_size = self.config.talker.hidden_size
         for num_rows, num_positions in ((1, 24), (min(2, self.num_slots), 31)):
             num_positions = min(num_positions, self.max_positions - 1)
-            prompts = [torch.zeros(num_positions - row, hidden_size, device=self.device) for row in range(num_rows)]
-            self.prefill(list(range(num_rows)), prompts)
+            embeds = torch.zeros(num_rows, num_positions, hidden_size, device=self.device)
+            self.prefill(list(range(num_rows)), embeds, [num_positions - row for row in range(num_rows)])
         if self.graphs is None:
             return
         self.padded_prefill.capture_all()
@@ -214,21 +217,20 @@ class TalkerRunner:
         return self.model.speaker_encoder(mels.to(self.dtype))[0]
 
     @torch.inference_mode()
-    def embed_prompt(self, prompt, voice) -> torch.Tensor:
-        return embed_prompt(self.model.talker, prompt, voice)
+    def embed_prompts(self, prompts, voices) -> tuple[torch.Tensor, list[int]]:
+        return embed_prompts(self.model.talker, prompts, voices)
 
     @torch.inference_mode()
-    def prefill(self, slots: list[int], prompts: list[torch.Tensor]) -> None:
-        """Run each prompt `prompts[i] [L_i, H]` into `slots[i]` in one forward and sample each row's first
-        codebook-0 id (never EOS).
+    def prefill(self, slots: list[int], embeds: torch.Tensor, lengths: list[int]) -> None:
+        """Run prompts `embeds [R, L, H]` (row i right-padded past `lengths[i]`) into `slots[i]` in one forward
+        and sample each row's first codebook-0 id (never EOS).
 
-        Rows are right-padded to the longest prompt: a padded position writes cache entries past its row's prompt,
-        which that row's decode steps overwrite before anything attends to them.
+        A padded position writes cache entries past its row's prompt, which that row's decode steps overwrite
+        before anything attends to them.
         """
-        lengths = [prompt.shape[0] for prompt in prompts]
-        num_rows, longest = len(prompts), max(lengths)
+        num_rows, longest, _ = embeds.shape
         assert longest < self.max_positions, "prompt longer than the cache; the engine checks this"
-        embeds = torch.nn.utils.rnn.pad_sequence(prompts, batch_first=True).to(self.dtype)
+        embeds = embeds.to(self.dtype)
         padded = self.padded_prefill.run(embeds) if self.padded_prefill is not None else None
         if padded is not None:
             hidden, scratch = padded
@@ -276,7 +278,7 @@ class TalkerRunner:
         """
         rows = slice(0, num_rows)
         talker = self.model.talker
-        active = self.active[rows]
+        active = self.active[rows].bool()
         frames = self._predict_frame(num_rows)
         embeds = talker.embed_frame(frames) + talker.embed_text(self.text_ids[rows])
         positions = self.position[rows].clamp(max=self.max_positions - 1)[:, None]
@@ -295,32 +297,35 @@ class TalkerRunner:
     def launch(self, active_rows: list[int], text_ids: list[int], max_position: int) -> DecodeLaunch:
         """Enqueue one frame for `active_rows` (slot indices), each adding its `text_ids` entry to the input, and
         return without waiting: the engine launches step N+1 before it reads step N (`collect`), so host work
-        overlaps the GPU. `max_position`: the largest cache position any active row writes now."""
+        overlaps the GPU. `max_position`: the largest cache position any active row writes now.
+
+        Host-side staging goes through NumPy views of the pinned buffers: every PyTorch call releases the GIL, and
+        on a serving process whose event loop is busy each one can wait a switch interval to get it back."""
         num_rows = batch_bucket(max(active_rows) + 1, self.num_slots)
         attended_length = min(self.max_positions, (max_position // self.length_bucket + 1) * self.length_bucket)
         parity = self._launches % 2
         self._launches += 1
         host_inputs = self._host_inputs[parity]  # free again: the launch that used it two steps ago was collected
-        host_inputs[0, :num_rows] = 0
-        host_inputs[1, :num_rows] = self.config.text_ids.tts_pad
-        index = torch.tensor(active_rows, dtype=torch.long)
-        host_inputs[0, index] = 1
-        host_inputs[1, index] = torch.tensor(text_ids, dtype=torch.long)
-        self.active[:num_rows].copy_(host_inputs[0, :num_rows], non_blocking=True)
-        self.text_ids[:num_rows].copy_(host_inputs[1, :num_rows], non_blocking=True)
+        staged = host_inputs.numpy()
+        staged[0] = 0
+        staged[1] = self.config.text_ids.tts_pad
+        staged[0, active_rows] = 1
+        staged[1, active_rows] = text_ids
+        self.step_inputs.copy_(host_inputs, non_blocking=True)
         if self.graphs is not None:
             self.graphs.run(num_rows, attended_length)
         else:
             self.decode_compute(num_rows, attended_length)
         host_outputs = self._host_outputs[parity]
-        host_outputs[:num_rows].copy_(self.out[:num_rows], non_blocking=True)
-        done = torch.cuda.Event() if self.device.type == "cuda" else None
-        if done is not None:
+        host_outputs.copy_(self.out, non_blocking=True)
+        done = None
+        if self._step_done is not None:
+            done = self._step_done[parity]
             done.record()
-        return DecodeLaunch(index, host_outputs, done)
+        return DecodeLaunch(active_rows, host_outputs.numpy(), done)
 
-    def collect(self, launch: DecodeLaunch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Wait for `launch`; its frames `[n, 16]` and next codebook-0 ids `[n]` (host tensors, active rows only)."""
+    def collect(self, launch: DecodeLaunch) -> tuple[np.ndarray, np.ndarray]:
+        """Wait for `launch`; its frames `[n, 16]` and next codebook-0 ids `[n]` (active rows only)."""
         if launch.done is not None:
             launch.done.synchronize()
         rows = launch.host_outputs[launch.rows]
@@ -333,6 +338,6 @@ class TalkerRunner:
 
 @dataclasses.dataclass
 class DecodeLaunch:
-    rows: torch.Tensor  # active slot indices (host)
-    host_outputs: torch.Tensor  # `out` copied to the host once `done`
+    rows: list[int]  # active slot indices
+    host_outputs: np.ndarray  # `out` copied to the host once `done` (a view of the pinned staging buffer)
     done: torch.cuda.Event | None  # None on CPU, where the step already ran

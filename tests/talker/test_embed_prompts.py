@@ -1,0 +1,41 @@
+"""A batch of prompts embedded together is each prompt embedded alone (to rounding: GEMM blocking varies with the
+number of rows), right-padded with zeros. The engine embeds every prefill batch in one go, whatever mix of voices
+and prompt layouts it holds."""
+
+from __future__ import annotations
+
+import torch
+
+from chorus.talker.prompt import VoiceRequest, build_prompt, embed_prompts
+
+ROLE = [151644, 77091, 198]
+
+
+def _voices(hidden_size: int) -> list[VoiceRequest]:
+    generator = torch.Generator().manual_seed(0)
+    speaker = torch.randn(hidden_size, generator=generator)
+    ref_codes = torch.randint(0, 2048, (5, 16), generator=generator)
+    return [
+        VoiceRequest("custom_voice", ROLE, [11, 12, 13, 14], speaker="ryan"),
+        VoiceRequest("voice_clone", ROLE, [21, 22], speaker_vector=speaker, non_streaming_text=True),
+        VoiceRequest(
+            "voice_clone", ROLE, [31, 32, 33], speaker_vector=speaker, ref_text_ids=[41, 42], ref_codes=ref_codes
+        ),
+        VoiceRequest("custom_voice", ROLE, [51], speaker="vivian", language="english"),
+    ]
+
+
+def test_a_batch_embeds_like_its_prompts_alone(tiny_loaded):
+    talker = tiny_loaded.model.talker
+    voices = _voices(tiny_loaded.config.talker.hidden_size)
+    prompts = [build_prompt(tiny_loaded.config, voice) for voice in voices]
+    assert voices[2].icl and any(p.ref_frame is not None for p in prompts[2].positions)
+    with torch.inference_mode():
+        batch, lengths = embed_prompts(talker, prompts, voices)
+        alone = [embed_prompts(talker, [prompt], [voice]) for prompt, voice in zip(prompts, voices, strict=True)]
+    assert lengths == [len(prompt.positions) for prompt in prompts]
+    assert batch.shape[:2] == (len(prompts), max(lengths))
+    for row, (embeds, (length,)) in enumerate(alone):
+        assert embeds.shape[:2] == (1, length)
+        torch.testing.assert_close(batch[row, :length], embeds[0], rtol=1e-6, atol=1e-6)
+        assert not batch[row, length:].any()
