@@ -187,7 +187,7 @@ def embed_prompts(talker, prompts: list[Prompt], requests: list[VoiceRequest]) -
                 speakers.append(request.speaker_vector.to(device=device, dtype=dtype))
         if ref_frames:
             frames.append(request.ref_codes[ref_frames])
-    ids = torch.tensor(text_at + text_ids + codec_at + codec_ids + frame_at + speaker_at).to(device)
+    ids = torch.tensor(text_at + text_ids + codec_at + codec_ids + frame_at + speaker_at).to(device, non_blocking=True)
     text_at_t, text_ids_t, codec_at_t, codec_ids_t, frame_at_t, speaker_at_t = ids.split(
         [len(text_at), len(text_ids), len(codec_at), len(codec_ids), len(frame_at), len(speaker_at)]
     )

@@ -44,21 +44,37 @@ def batch_bucket(num_rows: int, max_rows: int) -> int:
     return max_rows
 
 
-@dataclasses.dataclass
 class _SlotParams:
-    talker: RowParams
-    predictor: RowParams
-    repetition_penalty: torch.Tensor
+    """Each slot's sampling parameters and EOS rule, as one device table per dtype (rows are fields, columns
+    slots), so a prefill batch writes all of them in three uploads and three scatters."""
 
+    def __init__(self, num_slots: int, device: torch.device) -> None:
+        self.flags = torch.zeros(2, num_slots, dtype=torch.bool, device=device)
+        self.floats = torch.ones(5, num_slots, device=device)
+        self.longs = torch.zeros(5, num_slots, dtype=torch.long, device=device)
+        flags, floats, longs = self.flags, self.floats, self.longs
+        self.talker = RowParams(flags[0], floats[0], longs[0], floats[1], longs[1])
+        self.predictor = RowParams(flags[1], floats[2], longs[2], floats[3], longs[3])
+        self.repetition_penalty = floats[4]
+        self.min_frames = longs[4]  # frames before EOS may be sampled
+        self.min_frames.fill_(MIN_FRAMES)
 
-def _row_params(num_slots: int, device) -> RowParams:
-    return RowParams(
-        do_sample=torch.zeros(num_slots, dtype=torch.bool, device=device),
-        temperature=torch.ones(num_slots, device=device),
-        top_k=torch.zeros(num_slots, dtype=torch.long, device=device),
-        top_p=torch.ones(num_slots, device=device),
-        seed=torch.zeros(num_slots, dtype=torch.long, device=device),
-    )
+    @staticmethod
+    def columns(samplings: list[SamplingParams], seeds: list[int], ignore_eos: list[bool]) -> tuple[list, list, list]:
+        """The (flags, floats, longs) columns of these requests, laid out as the tables' rows."""
+        flags, floats, longs = [], [], []
+        for prefix in ("", "subtalker_"):
+            do_sample, temperature, top_p, top_k = (
+                [getattr(s, prefix + name) for s in samplings]
+                for name in ("do_sample", "temperature", "top_p", "top_k")
+            )
+            flags.append(do_sample)
+            # a greedy row's temperature is never applied; 1.0 keeps its unused division finite
+            floats += [[t if sample else 1.0 for t, sample in zip(temperature, do_sample, strict=True)], top_p]
+            longs += [top_k, seeds]
+        floats.append([s.repetition_penalty for s in samplings])
+        longs.append([NEVER if flag else MIN_FRAMES for flag in ignore_eos])
+        return flags, floats, longs
 
 
 def _rows(params: RowParams, rows: slice) -> RowParams:
@@ -108,10 +124,7 @@ class TalkerRunner:
         self.position = torch.zeros(num_slots, dtype=torch.long, device=device)
         self.num_generated = torch.zeros(num_slots, dtype=torch.long, device=device)
         self.generated_mask = torch.zeros(num_slots, vocab, dtype=torch.bool, device=device)
-        self.params = _SlotParams(
-            _row_params(num_slots, device), _row_params(num_slots, device), torch.ones(num_slots, device=device)
-        )
-        self.min_frames = torch.full((num_slots,), MIN_FRAMES, dtype=torch.long, device=device)
+        self.params = _SlotParams(num_slots, device)
         # Step inputs and outputs: static buffers, so a captured graph reads and writes the same memory. The inputs
         # (per slot: an active flag, the text id to add) are one buffer, for one host-to-device copy per step.
         self.step_inputs = torch.zeros(2, num_slots, dtype=torch.long, device=device)
@@ -179,22 +192,16 @@ class TalkerRunner:
     def set_params(
         self, slots: list[int], samplings: list[SamplingParams], seeds: list[int], ignore_eos: list[bool]
     ) -> None:
-        """Per-slot sampling state of the requests about to be prefilled into `slots`: one write per field for the
-        whole batch (each write from the host is a launch and a copy)."""
-        device = self.device
-        index = torch.tensor(slots, device=device)
-        for target, prefix in ((self.params.talker, ""), (self.params.predictor, "subtalker_")):
-            do_sample = [getattr(sampling, prefix + "do_sample") for sampling in samplings]
-            temperature = [getattr(sampling, prefix + "temperature") for sampling in samplings]
-            target.do_sample[index] = torch.tensor(do_sample, device=device)
-            target.temperature[index] = torch.tensor(
-                [value if sample else 1.0 for value, sample in zip(temperature, do_sample, strict=True)], device=device
-            )
-            target.top_k[index] = torch.tensor([getattr(s, prefix + "top_k") for s in samplings], device=device)
-            target.top_p[index] = torch.tensor([getattr(s, prefix + "top_p") for s in samplings], device=device)
-            target.seed[index] = torch.tensor(seeds, device=device)
-        self.params.repetition_penalty[index] = torch.tensor([s.repetition_penalty for s in samplings], device=device)
-        self.min_frames[index] = torch.tensor([NEVER if flag else MIN_FRAMES for flag in ignore_eos], device=device)
+        """Per-slot sampling state of the requests about to be prefilled into `slots`."""
+        index = self._upload(slots, torch.long)
+        columns = _SlotParams.columns(samplings, seeds, ignore_eos)
+        for table, values in zip((self.params.flags, self.params.floats, self.params.longs), columns, strict=True):
+            table[:, index] = self._upload(values, table.dtype)
+
+    def _upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """`values` as a device tensor, without waiting for the stream: a blocking copy would first wait for the
+        decode step in flight, then leave the GPU idle while the host prepares the next launch."""
+        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
     def _pick_code0(self, logits, rows: slice | torch.Tensor) -> torch.Tensor:
         ids = self.config.codec_ids
@@ -203,7 +210,7 @@ class TalkerRunner:
             self.generated_mask[rows],
             self.num_generated[rows],
             self.params.repetition_penalty[rows],
-            self.min_frames[rows],
+            self.params.min_frames[rows],
             _rows(self.params.talker, rows),
             ids.eos,
             self.config.first_control_id,
@@ -239,9 +246,9 @@ class TalkerRunner:
             num_layers, _, _, num_kv_heads, _, head_dim = self.talker_cache.shape
             scratch = self.talker_cache.new_empty(num_layers, 2, num_rows, num_kv_heads, longest, head_dim)
             hidden = self.model.talker.model(embeds, positions, list(scratch), longest)
-        index = torch.tensor(slots, device=self.device)
+        index = self._upload(slots, torch.long)
         self.talker_cache[..., :longest, :].index_copy_(2, index, scratch)
-        last_index = torch.tensor(lengths, device=self.device) - 1
+        last_index = self._upload(lengths, torch.long) - 1
         last_hidden = hidden[torch.arange(num_rows, device=self.device), last_index]
         self.generated_mask[index] = False
         self.num_generated[index] = 0
