@@ -66,7 +66,9 @@ class CodecCausalConvTranspose1d(CodecStreamingModule):
 
 
 class CodecSnakeBeta(nn.Module):
-    """x + sin²(x·e^α) / (e^β + 1e-9), per channel; α and β are stored as logs. (B, C, T) → (B, C, T)."""
+    """x + sin²(x·e^α) / (e^β + 1e-9), per channel; α and β are stored as logs. (B, C, T) → (B, C, T).
+
+    On CUDA one fused kernel (`snake_kernel`); elsewhere the PyTorch chain the reference uses."""
 
     def __init__(self, num_channels: int):
         super().__init__()
@@ -74,6 +76,10 @@ class CodecSnakeBeta(nn.Module):
         self.beta = nn.Parameter(torch.zeros(num_channels))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if hidden.is_cuda:
+            from chorus.vocoder.models.snake_kernel import snake
+
+            return snake(hidden, self.alpha, self.beta)
         alpha = torch.exp(self.alpha)[None, :, None]
         beta = torch.exp(self.beta)[None, :, None]
         return hidden + (1.0 / (beta + 1e-9)) * torch.sin(hidden * alpha).pow(2)
