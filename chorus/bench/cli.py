@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+import aiohttp
 import grpc
 import httpx
 
@@ -63,7 +64,7 @@ def _main(args: argparse.Namespace, kind: str, run, check_targets) -> int:
         return 2
     try:
         levels = asyncio.run(asyncio.wait_for(run(args, Progress()), args.timeout_s))
-    except (httpx.ConnectError, grpc.aio.AioRpcError) as exc:
+    except (httpx.ConnectError, aiohttp.ClientConnectionError, grpc.aio.AioRpcError) as exc:
         print(f"chorus bench: cannot reach the Chorus gateway at {args.url}: {exc}", file=sys.stderr)
         return 1
     except TimeoutError:
