@@ -96,14 +96,14 @@ class DiffusionEngine:
         denoiser: Denoiser | None = None,
         on_step: Callable[[StepStats], None] | None = None,
     ) -> None:
-        """use_cuda_graphs and compile_dit only act on CUDA devices and not with a given `denoiser`; see
-        DiffusionRunner (also for compile_mode, attention_backend and denoiser)."""
+        """use_cuda_graphs only acts on CUDA devices and not with a given `denoiser`, compile_dit only where graphs
+        are captured; see DiffusionRunner (also for compile_mode, attention_backend and denoiser)."""
         is_cuda = models.device.type == "cuda" and denoiser is None
         # Two DiT rows per sample: CFG runs the unconditional branch in the same forward.
         max_graph_rows = 2 * max_batch_size if use_cuda_graphs and is_cuda else 0
-        self.runner = DiffusionRunner(models, max_graph_rows=max_graph_rows, compile_dit=compile_dit and is_cuda,
-                                      compile_mode=compile_mode, attention_backend=attention_backend,
-                                      denoiser=denoiser)
+        self.runner = DiffusionRunner(models, max_graph_rows=max_graph_rows,
+                                      compile_dit=compile_dit and max_graph_rows > 0, compile_mode=compile_mode,
+                                      attention_backend=attention_backend, denoiser=denoiser)
         self.limits = RequestLimits(
             max_duration_s=models.max_duration_s,
             max_num_outputs=max_batch_size,
