@@ -39,6 +39,8 @@ class Progress:
 
 
 def commit() -> str:
+    """The commit measured: CHORUS_COMMIT where set (the GPU machine gets a copy of the tree without its history),
+    else the checkout's."""
     if os.environ.get("CHORUS_COMMIT"):
         return os.environ["CHORUS_COMMIT"]
     completed = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)

@@ -17,15 +17,14 @@ import argparse
 import asyncio
 import copy
 import json
-import os
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
+from chorus.bench.report import commit
 from chorus.diffusion.bench_plot import write_bar_chart
 from chorus.diffusion.dit import ATTENTION_BACKENDS, COMPILE_MODES
 from chorus.diffusion.engine.engine import DiffusionEngine, StepStats
@@ -177,13 +176,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     started_s = time.perf_counter()
     results = _measure(args)
-    # The GPU machine gets a copy of the tree without history: the caller passes the commit there.
-    commit = os.environ.get("CHORUS_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout
     report = {
         "benchmark": "diffusion",
-        "commit": commit.strip(),
+        "commit": commit(),
         "settings": vars(args),
         "torch": torch.__version__,
         "results": results,

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from chorus.bench.report import commit
 from chorus.diffusion.bench import run_requests
 from chorus.diffusion.bench_plot import write_bar_chart
 from chorus.diffusion.config import DiffusionConfig
@@ -195,12 +196,9 @@ def main(argv: list[str] | None = None) -> dict | None:
         results.append(measure_replicas(args, num_replicas))
         _log(f"{num_replicas} replicas: {args.num_concurrent} concurrent {results[-1]['concurrent_s']:.2f} s")
 
-    commit = os.environ.get("CHORUS_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout
     report = {
         "benchmark": "diffusion-multigpu",
-        "commit": commit.strip(),
+        "commit": commit(),
         "device_name": torch.cuda.get_device_name(0) if is_cuda else platform.processor() or "cpu",
         "gpu_count": torch.cuda.device_count() if is_cuda else 0,
         "torch": torch.__version__,

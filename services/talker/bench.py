@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from chorus.bench.report import commit
 from chorus.bench_png import write_grouped_bars
 from chorus.talker.engine.engine import FRAME_RATE_HZ, EngineConfig, TalkerEngine
 from chorus.talker.loader import build_talker
@@ -112,13 +113,6 @@ def measure_reference(script: Path) -> dict:
         return json.loads((Path(out) / "talker_baseline.json").read_text())
 
 
-def _commit() -> str:
-    if os.environ.get("CHORUS_COMMIT"):
-        return os.environ["CHORUS_COMMIT"]
-    completed = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return completed.stdout.strip() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m chorus.talker.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--size", default="0.6b", choices=("0.6b", "1.7b", "tiny"))
@@ -137,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     reference = {} if args.skip_reference else measure_reference(args.reference_script)
     report = {
         "benchmark": "talker",
-        "commit": _commit(),
+        "commit": commit(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "settings": {
             "size": args.size,

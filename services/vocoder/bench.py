@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from chorus.bench.report import commit
 from chorus.bench_png import write_grouped_bars
 from chorus.vocoder.engine.engine import DecodeEngine, EngineSettings
 from chorus.vocoder.engine.runner import CodecRunner
@@ -203,11 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             decoder_config = load_codec(args.model).config.decoder.to_official()
         results["official_one_shot_fp32"] = _official_one_shot(args, decoder_config)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout
-    except OSError:
-        commit = ""
-    results["commit"] = commit.strip()
+    results["commit"] = commit()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
