@@ -78,6 +78,7 @@ _ERRORS_BY_CODE = {
     "NOT_FOUND": NotFound,
     "CANCELLED": RequestCancelled,
     "UNAVAILABLE": Unavailable,
+    "RESOURCE_EXHAUSTED": Overloaded,
 }
 
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from chorus.runtime.errors import ChorusError, InvalidRequest, Unavailable
+from chorus.runtime.errors import ChorusError, InvalidRequest, Overloaded, Unavailable
 from chorus.runtime.logs import REQUEST_ID_HEADER
 from chorus.v1 import common_pb2, talker_pb2, talker_pb2_grpc, vocoder_pb2, vocoder_pb2_grpc
 
@@ -27,12 +27,18 @@ def check_final(final: common_pb2.Final, backend: str) -> None:
         return
     if final.error.code == grpc.StatusCode.INVALID_ARGUMENT.name:
         raise InvalidRequest(f"{backend}: {final.error.message}")
+    if final.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.name:
+        raise Overloaded(f"{backend}: {final.error.message}")
     raise Unavailable(f"{backend} failed: {final.error.message or final.error.code}")
 
 
 def upstream_error(exc: grpc.aio.AioRpcError, backend: str) -> ChorusError:
+    """A backend's refusal as the client's error: its bad-request and full-queue answers pass through (400, 429;
+    a full queue behind this gateway happens when several gateway workers or replicas share one backend)."""
     if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequest(f"{backend}: {exc.details()}")
+    if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return Overloaded(f"{backend}: {exc.details()}")
     return Unavailable(f"{backend} failed: {exc.code().name}: {exc.details()}")
 
 

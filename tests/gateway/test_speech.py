@@ -243,3 +243,20 @@ async def test_resume_after_a_forced_disconnect_is_byte_identical(stack):
     rest = await http.get(f"/v1/requests/{request_id}/audio", params={"offset_bytes": len(head)})
     assert rest.status_code == 200 and 0 < len(head) < len(whole.content)
     assert head + rest.content == whole.content
+
+
+async def test_a_full_talker_queue_reaches_the_client_as_429(start_gateway, redis_url, tmp_path):
+    """The talker refuses what it cannot queue; several gateway workers (each with its own admission limits) can
+    send it more than it holds."""
+    talker = {"max_streams": 1, "max_queue": 0, "max_frames": 200}
+    long_speech = speech(response_format="pcm", max_frames=200)
+    async with (
+        speech_stack(start_gateway, redis_url, str(tmp_path), talker_overrides=talker) as (_, http, *_),
+        http.stream("POST", "/v1/audio/speech", json=long_speech) as first,
+    ):
+        assert first.status_code == 200
+        await anext(first.aiter_bytes())  # the talker's only slot is taken
+        refused = await http.post("/v1/audio/speech", json=speech())
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["type"] == "rate_limit_error"
