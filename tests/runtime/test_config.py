@@ -4,7 +4,7 @@ from typing import ClassVar
 
 import pytest
 
-from chorus.runtime.config import ServiceConfig, add_arguments, describe, load_config, option
+from chorus.runtime.config import ServiceConfig, add_arguments, describe, load_config, option, to_environ
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,3 +63,10 @@ def test_describe_lists_every_field_with_its_env_var():
     rows = {row["flag"]: row for row in describe(ExampleConfig)}
     assert rows["--max-batch-size"]["env"] == "CHORUS_EXAMPLE_MAX_BATCH_SIZE"
     assert set(rows) == {"--" + f.name.replace("_", "-") for f in dataclasses.fields(ExampleConfig)}
+
+
+def test_to_environ_reads_back_as_the_same_config():
+    """What a supervisor hands its child processes (gateway workers) is the config it resolved, whatever its source."""
+    config = load_config(ExampleConfig, parse(["--targets", "h1:1,h2:2", "--is-eager", "true", "--port", "7"]), {})
+    assert load_config(ExampleConfig, environ=to_environ(config)) == config
+    assert load_config(ExampleConfig, environ=to_environ(ExampleConfig(targets=()))) == ExampleConfig(targets=())
