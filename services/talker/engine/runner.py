@@ -135,6 +135,9 @@ class TalkerRunner:
         pinned = device.type == "cuda"
         self._host_inputs = [torch.zeros(2, num_slots, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
         self._host_outputs = [torch.zeros_like(self.out, device="cpu", pin_memory=pinned) for _ in range(2)]
+        # NumPy views of the same memory: staging through them makes no PyTorch call (see `launch`).
+        self._staged_inputs = [buffer.numpy() for buffer in self._host_inputs]
+        self._staged_outputs = [buffer.numpy() for buffer in self._host_outputs]
         self._step_done = [torch.cuda.Event() for _ in range(2)] if pinned else None
         self._launches = 0
         self._sample_code0, self._sample_code = sample_code0, sample_code
@@ -312,24 +315,22 @@ class TalkerRunner:
         attended_length = min(self.max_positions, (max_position // self.length_bucket + 1) * self.length_bucket)
         parity = self._launches % 2
         self._launches += 1
-        host_inputs = self._host_inputs[parity]  # free again: the launch that used it two steps ago was collected
-        staged = host_inputs.numpy()
+        staged = self._staged_inputs[parity]  # free again: the launch that used it two steps ago was collected
         staged[0] = 0
         staged[1] = self.config.text_ids.tts_pad
         staged[0, active_rows] = 1
         staged[1, active_rows] = text_ids
-        self.step_inputs.copy_(host_inputs, non_blocking=True)
+        self.step_inputs.copy_(self._host_inputs[parity], non_blocking=True)
         if self.graphs is not None:
             self.graphs.run(num_rows, attended_length)
         else:
             self.decode_compute(num_rows, attended_length)
-        host_outputs = self._host_outputs[parity]
-        host_outputs.copy_(self.out, non_blocking=True)
+        self._host_outputs[parity].copy_(self.out, non_blocking=True)
         done = None
         if self._step_done is not None:
             done = self._step_done[parity]
             done.record()
-        return DecodeLaunch(active_rows, host_outputs.numpy(), done)
+        return DecodeLaunch(active_rows, self._staged_outputs[parity], done)
 
     def collect(self, launch: DecodeLaunch) -> tuple[np.ndarray, np.ndarray]:
         """Wait for `launch`; its frames `[n, 16]` and next codebook-0 ids `[n]` (active rows only)."""
