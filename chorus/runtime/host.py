@@ -48,6 +48,9 @@ class Service(abc.ABC):
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Loads models and warms up; health turns SERVING when this returns."""
 
+    async def drain(self) -> None:  # noqa: B027 - optional hook
+        """Stopping: called once health says NOT_SERVING, before in-flight calls get their grace period."""
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Frees resources once no call is running."""
 
@@ -97,6 +100,7 @@ class ServiceHost:
     async def stop(self) -> None:
         log.info("%s draining (grace %.1f s)", self.service.name, self.config.grace_s)
         await self._set_serving(False)
+        await self.service.drain()
         await self.server.stop(self.config.grace_s)
         await self.service.close()
         log.info("%s stopped", self.service.name)
