@@ -56,15 +56,15 @@ class FrameLog:
         self.error = error
         self._changed.set()
 
-    def chunk(self, start: int, stop: int | None = None, sequence: int = 0) -> common_pb2.CodecChunk:
-        """Frames `[start, stop)` as one CodecChunk."""
+    def chunk(self, start: int, stop: int | None = None, sequence: int = 0, first: int = 0) -> common_pb2.CodecChunk:
+        """Frames `[start, stop)` as one CodecChunk of a stream that began at frame `first`."""
         stop = self.num_frames if stop is None else stop
         return common_pb2.CodecChunk(
             codes=bytes(self._codes[start * FRAME_BYTES : stop * FRAME_BYTES]),
             num_frames=stop - start,
             num_codebooks=NUM_CODEBOOKS,
             sequence=sequence,
-            frame_offset=start,
+            frame_offset=start - first,
         )
 
     async def wait_beyond(self, num_frames: int) -> int:

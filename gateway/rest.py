@@ -69,10 +69,14 @@ def _view(record: RequestRecord) -> RequestView:
     )
 
 
-async def _started(entries: AsyncIterator[JournalEntry]) -> AsyncIterator[JournalEntry]:
+async def _started(entries: AsyncIterator[JournalEntry], fail_early: bool = False) -> AsyncIterator[JournalEntry]:
     """Reads the first entry now, so a refused resume (trimmed journal) is an error status, not a
-    broken stream; then yields it and the rest."""
+    broken stream; then yields it and the rest. `fail_early`: a request that ended without success
+    before anything is left to send answers its error status too (raw audio cannot carry it)."""
     first = await anext(entries, None)
+    if fail_early and first is not None and first.final is not None and first.final["status"] != DONE:
+        await entries.aclose()
+        raise error_for_outcome(first.final["status"], first.final.get("error"))
     return _chain(first, entries)
 
 
@@ -283,7 +287,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         record = await ctx.owned_record(request_id, owner)
         after = after_sequence if after_sequence is not None else last_event_id
         followed = ctx.runs.follow(record.request_id, after)
-        entries = await _started(skip_bytes(followed, offset_bytes))
+        entries = await _started(skip_bytes(followed, offset_bytes), fail_early=stream_format == "audio")
         if stream_format == "sse":
             return StreamingResponse(as_sse(entries), media_type="text/event-stream")
         spec = FORMATS.get(record.response_format)

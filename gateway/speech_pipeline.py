@@ -207,13 +207,14 @@ class SegmentPipeline:
             raise sender.exception()
         return await reading
 
-    async def _send_frames(self, call, opening: vocoder_pb2.DecodeOpen, num_sent: int) -> None:
+    async def _send_frames(self, call, opening: vocoder_pb2.DecodeOpen, num_context: int) -> None:
+        """Frames after the `num_context` the stream was primed with, as they come (offsets count from there)."""
         await call.write(vocoder_pb2.DecodeInput(open=opening))
-        sequence = 0
+        sequence, num_sent = 0, num_context
         while True:
             num_frames = await self.frames.wait_beyond(num_sent)
             if num_frames > num_sent:
-                chunk = self.frames.chunk(num_sent, num_frames, sequence)
+                chunk = self.frames.chunk(num_sent, num_frames, sequence, first=num_context)
                 await call.write(vocoder_pb2.DecodeInput(chunk=chunk))
                 num_sent, sequence = num_frames, sequence + 1
             elif self.frames.is_finished:

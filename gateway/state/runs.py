@@ -145,9 +145,7 @@ class RunQueue:
 
         async def command():
             idle_ms = 1000 * self.lease_ms
-            return await self.client.xclaim(
-                keys.runs(), GROUP, self.consumer, 0, entry_ids, idle=idle_ms, justid=True
-            )
+            return await self.client.xclaim(keys.runs(), GROUP, self.consumer, 0, entry_ids, idle=idle_ms, justid=True)
 
         await self._call("handing runs over", command)
 
