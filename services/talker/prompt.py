@@ -10,6 +10,10 @@ Layouts (spec §2.3): the head is `[instruct?] + role (3 text ids) + [PAD + K_i 
 - non-streaming text: `T(t_i) + C(codec_pad)` for every token, `EOS + C(codec_pad)`, `PAD + C(codec_bos)`;
 - ICL voice clone: text = ref ‖ target ‖ EOS over codec = codec_bos, E(ref frames), overlaid (streaming) or one
   after the other (non-streaming).
+
+A request resumed after frames it already produced (fail-over to another replica) appends one position per such
+frame, exactly what the decode step of frame i fed the talker: `E(frame i) + T(trailing text id i)`. Its trailing
+text stays indexed by frame, so generation goes on with id N.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class Position:
     codec_id: int | None = None
     speaker: bool = False
     ref_frame: int | None = None
+    prefix_frame: int | None = None  # index into `VoiceRequest.prefix_frames`
 
 
 @dataclasses.dataclass(eq=False)
@@ -42,7 +47,7 @@ class VoiceRequest:
 
     mode: `custom_voice` (named `speaker`), `voice_design` (`instruct_ids`), `voice_clone` (`speaker_vector [H]`
     or `ref_audio`, plus `ref_text_ids` and `ref_codes [R, 16]` for ICL). `text_complete` False: more text may
-    arrive.
+    arrive. `prefix_frames [N, 16]`: frames this request already produced elsewhere; generation resumes at frame N.
     """
 
     mode: str
@@ -57,17 +62,28 @@ class VoiceRequest:
     ref_text_ids: list[int] | None = None
     ref_codes: torch.Tensor | None = None
     non_streaming_text: bool = False
+    prefix_frames: torch.Tensor | None = None
 
     @property
     def icl(self) -> bool:
         return self.mode == "voice_clone" and self.ref_codes is not None
 
+    @property
+    def num_prefix_frames(self) -> int:
+        return 0 if self.prefix_frames is None else self.prefix_frames.shape[0]
+
 
 @dataclasses.dataclass
 class Prompt:
     positions: list[Position]
-    trailing_text_ids: list[int]
+    trailing_text_ids: list[int]  # id i goes with frame i (a resumed prompt's prefix frames took the first N)
     streams_text: bool  # target text still arriving: its ids append to the trailing text, then EOS
+
+    def text_id_for(self, frame: int, pad_id: int) -> int | None:
+        """Text id the decode step of `frame` adds; `None` while the text it needs has not arrived yet."""
+        if frame < len(self.trailing_text_ids):
+            return self.trailing_text_ids[frame]
+        return None if self.streams_text else pad_id
 
 
 MODES = ("custom_voice", "voice_design", "voice_clone")
@@ -99,6 +115,14 @@ def validate(config: Qwen3TTSConfig, request: VoiceRequest) -> None:
         raise PromptError("text: the role prefix must be exactly 3 tokens")
     if request.text_complete and not request.text_ids:
         raise PromptError("text: must not be empty")
+    prefix = request.prefix_frames
+    if prefix is not None:
+        if prefix.ndim != 2 or prefix.shape[1] != config.num_code_groups:
+            raise PromptError(
+                f"prefix_frames: must be [frames, {config.num_code_groups}] codes, got {list(prefix.shape)}"
+            )
+        if prefix.numel() and not 0 <= int(prefix.min()) <= int(prefix.max()) < config.code_vocab_size:
+            raise PromptError(f"prefix_frames: codes must be in 0..{config.code_vocab_size - 1}")
 
 
 def _language_tag(config: Qwen3TTSConfig, request: VoiceRequest) -> list[int]:
@@ -115,7 +139,17 @@ def _language_tag(config: Qwen3TTSConfig, request: VoiceRequest) -> list[int]:
 
 
 def build_prompt(config: Qwen3TTSConfig, request: VoiceRequest) -> Prompt:
-    """The prompt of a validated request whose text suffices (all of it, or one token for streaming text)."""
+    """The prompt of a validated request whose text suffices (all of it, or for streaming text one token plus one
+    per prefix frame)."""
+    prompt = _fresh_prompt(config, request)
+    for index in range(request.num_prefix_frames):
+        text_id = prompt.text_id_for(index, config.text_ids.tts_pad)
+        assert text_id is not None, "the engine waits for the prefix frames' text"
+        prompt.positions.append(Position(text_id=text_id, prefix_frame=index))
+    return prompt
+
+
+def _fresh_prompt(config: Qwen3TTSConfig, request: VoiceRequest) -> Prompt:
     ids, text = config.codec_ids, config.text_ids
     positions: list[Position] = []
     instruct = request.instruct_ids if not (request.mode == "custom_voice" and config.model_size == "0b6") else None
@@ -164,14 +198,15 @@ def embed_prompts(talker, prompts: list[Prompt], requests: list[VoiceRequest]) -
 
     One embedding call per kind of position for the whole batch, not per prompt: each call from the host is a few
     launches and a copy, which under load cost more than the prefill forward itself. Each position's parts are
-    summed in the same order as the reference (text, codec, frame, speaker)."""
+    summed in the same order as the reference (text, codec, frame, speaker); a prefix frame's position sums what the
+    decode step that produced it summed (frame and text)."""
     weight = talker.model.codec_embedding.weight
     device, dtype = weight.device, weight.dtype
     lengths = [len(prompt.positions) for prompt in prompts]
     longest = max(lengths)
     text_at, text_ids, codec_at, codec_ids, frame_at, frames, speaker_at, speakers = [], [], [], [], [], [], [], []
     for row, (prompt, request) in enumerate(zip(prompts, requests, strict=True)):
-        ref_frames = []
+        ref_frames, prefix_at, prefix_frames = [], [], []
         for index, position in enumerate(prompt.positions, start=row * longest):
             if position.text_id is not None:
                 text_at.append(index)
@@ -182,11 +217,17 @@ def embed_prompts(talker, prompts: list[Prompt], requests: list[VoiceRequest]) -
             if position.ref_frame is not None:
                 frame_at.append(index)
                 ref_frames.append(position.ref_frame)
+            if position.prefix_frame is not None:
+                prefix_at.append(index)
+                prefix_frames.append(position.prefix_frame)
             if position.speaker:
                 speaker_at.append(index)
                 speakers.append(request.speaker_vector.to(device=device, dtype=dtype))
         if ref_frames:
             frames.append(request.ref_codes[ref_frames])
+        if prefix_frames:
+            frame_at += prefix_at
+            frames.append(request.prefix_frames[prefix_frames])
     ids = torch.tensor(text_at + text_ids + codec_at + codec_ids + frame_at + speaker_at).to(device, non_blocking=True)
     text_at_t, text_ids_t, codec_at_t, codec_ids_t, frame_at_t, speaker_at_t = ids.split(
         [len(text_at), len(text_ids), len(codec_at), len(codec_ids), len(frame_at), len(speaker_at)]

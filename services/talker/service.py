@@ -109,9 +109,11 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
             audio_key = SpeakerVectorCache.key(clone.reference_audio)
             speaker_vector = self.service.speaker_vectors.get(audio_key)
         ref_audio = _reference_audio(clone.reference_audio) if audio_key and speaker_vector is None else None
-        ref_codes = None
+        ref_codes = prefix_frames = None
         if clone.reference_codes.num_frames and not clone.x_vector_only:
             ref_codes = torch.from_numpy(chunk_to_codes(clone.reference_codes, "voice_clone.reference_codes"))
+        if request.prefix_frames.num_frames:
+            prefix_frames = torch.from_numpy(chunk_to_codes(request.prefix_frames, "prefix_frames"))
         voice = engine.voice_request(
             mode,
             request.text,
@@ -123,6 +125,7 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
             ref_codes=ref_codes,
             speaker_vector=speaker_vector,
             ref_audio=ref_audio,
+            prefix_frames=prefix_frames,
         )
         seed = request.seed if request.HasField("seed") else None
         sampling = _sampling(engine.loaded.sampling_defaults, request.sampling, seed)
@@ -147,7 +150,8 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
         stream, pending_vector = self._submit(engine, request)
         feeder = asyncio.create_task(self._feed_text(engine, request, messages))
         try:
-            sequence = frame_offset = 0
+            # A resumed request's frame offsets go on from its prefix; sequence numbers count this stream's chunks.
+            sequence, frame_offset = 0, stream.first_frame_index
             while (frames := await stream.read(*[chunk_size(sequence, chunk_frames)] * 2)) is not None:
                 if pending_vector is not None:  # a frame exists: the engine has embedded the reference
                     pending_vector.store(self.service.speaker_vectors)

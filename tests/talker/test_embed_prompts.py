@@ -39,3 +39,21 @@ def test_a_batch_embeds_like_its_prompts_alone(tiny_loaded):
         assert embeds.shape[:2] == (1, length)
         torch.testing.assert_close(batch[row, :length], embeds[0], rtol=1e-6, atol=1e-6)
         assert not batch[row, length:].any()
+
+
+def test_prefix_frames_take_the_positions_their_decode_steps_fed(tiny_loaded):
+    config, talker = tiny_loaded.config, tiny_loaded.model.talker
+    frames = torch.randint(0, 2048, (5, 16), generator=torch.Generator().manual_seed(1))
+    fresh = VoiceRequest("custom_voice", ROLE, [11, 12, 13], speaker="ryan")  # streaming layout: trailing 12, 13, EOS
+    resumed = VoiceRequest("custom_voice", ROLE, [11, 12, 13], speaker="ryan", prefix_frames=frames)
+    fresh_prompt, prompt = build_prompt(config, fresh), build_prompt(config, resumed)
+    head = len(fresh_prompt.positions)
+    assert prompt.positions[:head] == fresh_prompt.positions
+    assert prompt.trailing_text_ids == fresh_prompt.trailing_text_ids, "still indexed by frame"
+    text_ids = [12, 13, config.text_ids.tts_eos, config.text_ids.tts_pad, config.text_ids.tts_pad]
+    assert [(p.text_id, p.prefix_frame) for p in prompt.positions[head:]] == list(zip(text_ids, range(5), strict=True))
+    with torch.inference_mode():
+        embeds, (length,) = embed_prompts(talker, [prompt], [resumed])
+        decode_inputs = talker.embed_frame(frames) + talker.embed_text(torch.tensor(text_ids))
+    assert length == head + 5
+    torch.testing.assert_close(embeds[0, head:], decode_inputs, rtol=1e-6, atol=1e-6)

@@ -259,3 +259,49 @@ def test_icl_clone_from_plain_arrays(tiny_loaded):
     assert voice.icl and not voice.non_streaming_text, "voice clone defaults to the streaming-text layout"
     (frames,), (stream,) = _run(engine, [("icl", voice, GREEDY, 5)])
     assert len(frames) >= 2 and stream.finish_reason in (FinishReason.EOS, FinishReason.MAX_LENGTH)
+
+
+def test_aborting_neighbours_mid_step_leaves_the_other_requests_codes_unchanged(tiny_loaded):
+    # max_positions past one attention length bucket (256): the long newcomer widens every row's attended length.
+    engine = _engine(tiny_loaded, max_positions=640)
+    specs = {
+        "a": (_voice(engine), SamplingParams(seed=1, repetition_penalty=1.3)),
+        "b": (_voice(engine, "Another sentence to read.", speaker="vivian"), SamplingParams(seed=2)),
+        "c": (_voice(engine, "Numbers like 12.5 Hz.", mode="voice_design", speaker=None, instructions="Low"), GREEDY),
+        "d": (_voice(engine, "The fourth one.", speaker="aiden", language="english"), SamplingParams(seed=4)),
+        "e": (_voice(engine, "A newcomer.", speaker="serena"), SamplingParams(seed=5)),
+        "f": (_voice(engine, "A long newcomer, " * 20, speaker="eric"), SamplingParams(seed=6)),
+    }
+
+    def submit(name):
+        voice, sampling = specs[name]
+        return engine.submit(name, voice, sampling, max_frames=30, ignore_eos=True)
+
+    undisturbed = {}
+    for name in specs:
+        stream = submit(name)
+        engine.run_until_idle()
+        undisturbed[name] = stream.collect()
+    streams = {name: submit(name) for name in "abcd"}
+    for _ in range(6):
+        engine.step()
+    # Every step launches one frame and collects the one before: b's frame is in flight when the abort lands.
+    assert "b" in {request.request_id for request in engine._in_flight[1]}
+    engine.abort("b")
+    streams["e"] = submit("e")
+    engine.step()
+    assert engine.scheduler.running[1].request_id == "e", "the newcomer took b's slot while b's step was in flight"
+    for _ in range(5):
+        engine.step()
+    engine.abort("a")
+    engine.abort("c")
+    streams["f"] = submit("f")
+    engine.step()
+    assert engine.runner.position[0] > 256, "the long newcomer took a's slot"
+    engine.run_until_idle()
+    for name in "abc":
+        assert streams[name].finish_reason is FinishReason.CANCELLED
+        assert 0 < len(streams[name].collect()) < 30
+    for name in "def":
+        np.testing.assert_array_equal(streams[name].collect(), undisturbed[name], err_msg=f"request {name}")
+    assert engine.load().free_slots == 8

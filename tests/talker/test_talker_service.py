@@ -12,7 +12,7 @@ from chorus.runtime.host import ServiceHost
 from chorus.talker.config import TalkerConfig
 from chorus.talker.service import TalkerService
 from chorus.v1 import common_pb2, talker_pb2, talker_pb2_grpc
-from chorus.wire import chunk_to_codes
+from chorus.wire import chunk_to_codes, codes_to_chunk
 
 GREEDY = talker_pb2.SamplingParams(greedy=True)
 
@@ -90,6 +90,16 @@ async def test_streaming_text_deltas_match_the_whole_text(talker):
         (request(sampling=talker_pb2.SamplingParams(top_p=1.5)), "top_p"),
         (request(task_type=talker_pb2.TASK_TYPE_VOICE_CLONE), "ref_audio"),
         (talker_pb2.SynthesizeInput(text_delta="hi"), "the first message must be `request`"),
+        (
+            request(prefix_frames=common_pb2.CodecChunk(codes=bytes(10), num_frames=3, num_codebooks=16)),
+            "prefix_frames: 10 bytes of codes do not hold 3 frames × 16 codebooks",
+        ),
+        (request(prefix_frames=codes_to_chunk(np.zeros((3, 8)), 0, 0)), "prefix_frames: must be [frames, 16]"),
+        (request(prefix_frames=codes_to_chunk(np.full((3, 16), 4000), 0, 0)), "prefix_frames: codes must be in"),
+        (
+            request(max_frames=20, prefix_frames=codes_to_chunk(np.zeros((21, 16)), 0, 0)),
+            "prefix_frames: 21 frames exceed max_frames (20)",
+        ),
     ],
 )
 async def test_bad_requests_get_invalid_argument_naming_the_field(talker, message, detail):
@@ -98,6 +108,56 @@ async def test_bad_requests_get_invalid_argument_naming_the_field(talker, messag
         await synthesize(stub, message)
     assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert detail in failure.value.details()
+
+
+def _codes(chunks) -> np.ndarray:
+    return np.concatenate([chunk_to_codes(c) for c in chunks]) if chunks else np.zeros((0, 16), dtype=np.int64)
+
+
+@pytest.mark.parametrize(
+    ("sampling", "ignore_eos", "reason"),
+    [
+        (talker_pb2.SamplingParams(repetition_penalty=1.3), True, common_pb2.FINISH_REASON_MAX_LENGTH),
+        (talker_pb2.SamplingParams(greedy=True), False, common_pb2.FINISH_REASON_EOS),
+    ],
+)
+async def test_a_stream_broken_after_any_chunk_resumes_on_a_new_call_exactly(talker, sampling, ignore_eos, reason):
+    stub, _ = talker
+    first = request(text="Resume me where I stopped.", seed=3, sampling=sampling, max_frames=24, chunk_frames=4,
+                    ignore_eos=ignore_eos)  # fmt: skip
+    full_chunks, full_final = await synthesize(stub, first)
+    full = _codes(full_chunks)
+    assert len(full) >= 4 and full_final.reason == reason
+    for num_chunks in range(len(full_chunks) + 1):
+        # The replica "dies" after `num_chunks` chunks: the gateway keeps what arrived and reopens the stream.
+        call = stub.Synthesize(iter([first]))
+        received = [(await call.read()).chunk for _ in range(num_chunks)]
+        call.cancel()
+        prefix = _codes(received)
+        resumed = talker_pb2.SynthesizeInput()
+        resumed.CopyFrom(first)
+        resumed.request.prefix_frames.CopyFrom(codes_to_chunk(prefix, 0, 0))
+        chunks, final = await synthesize(stub, resumed)
+        np.testing.assert_array_equal(np.concatenate([prefix, _codes(chunks)]), full)
+        assert [c.sequence for c in chunks] == list(range(len(chunks)))
+        offsets = np.cumsum([len(prefix)] + [c.num_frames for c in chunks])
+        assert [c.frame_offset for c in chunks] == offsets[:-1].tolist()
+        assert final.reason == full_final.reason
+        assert final.usage.num_frames == len(full) - len(prefix), "usage counts this stream's frames"
+
+
+async def test_a_resumed_streaming_text_stream_takes_the_deltas_again(talker):
+    stub, _ = talker
+    deltas = [talker_pb2.SynthesizeInput(text_delta=piece) for piece in (" there,", " how are you?")]
+    end = talker_pb2.SynthesizeInput(end_of_input=True)
+    first = request(text="Hello", seed=4, max_frames=16, streaming_text=True, ignore_eos=True)
+    full = _codes((await synthesize(stub, first, *deltas, end))[0])
+    resumed = talker_pb2.SynthesizeInput()
+    resumed.CopyFrom(first)
+    resumed.request.prefix_frames.CopyFrom(codes_to_chunk(full[:5], 0, 0))
+    chunks, final = await synthesize(stub, resumed, *deltas, end)
+    np.testing.assert_array_equal(_codes(chunks), full[5:])
+    assert chunks[0].frame_offset == 5 and final.reason == common_pb2.FINISH_REASON_MAX_LENGTH
 
 
 async def test_cancelling_the_call_frees_the_slot(talker):

@@ -129,11 +129,13 @@ class TalkerEngine:
         speaker_vector=None,
         ref_audio=None,
         non_streaming_text: bool | None = None,
+        prefix_frames=None,
     ) -> VoiceRequest:
         """Tokenize a text-level request. `non_streaming_text` None → the reference's default per mode.
 
         Array-likes (tensors, numpy arrays, lists): `ref_codes [R, 16]`, `speaker_vector [H]`, `ref_audio [samples]`
-        (24 kHz mono, in [-1, 1]).
+        (24 kHz mono, in [-1, 1]), `prefix_frames [N, 16]` (fail-over: the frames this request already produced;
+        it resumes at frame N, as if never interrupted).
         """
 
         def tensor(values, dtype):
@@ -156,6 +158,7 @@ class TalkerEngine:
             ref_text_ids=tokenizer.encode_ref_text(ref_text) if ref_codes is not None else None,
             ref_codes=tensor(ref_codes, torch.long),
             non_streaming_text=non_streaming_text,
+            prefix_frames=tensor(prefix_frames, torch.long),
         )
 
     def submit(
@@ -168,7 +171,9 @@ class TalkerEngine:
     ) -> FrameStream:
         """Validate and queue a request; its frames arrive on the returned stream.
 
-        Raises `PromptError` / `ValueError` for bad input (INVALID_ARGUMENT), `EngineFullError` when full.
+        `max_frames` counts the whole request: a resumed one (`voice.prefix_frames`) stops where it would have
+        without the interruption. Raises `PromptError` / `ValueError` for bad input (INVALID_ARGUMENT),
+        `EngineFullError` when full.
         """
         validate(self.model_config, voice)
         if voice.non_streaming_text and not voice.text_complete:
@@ -178,6 +183,12 @@ class TalkerEngine:
         max_frames = max_frames or self.config.max_frames
         if not 0 < max_frames <= self.config.max_frames:
             raise ValueError(f"max_frames: must be in 1..{self.config.max_frames}, got {max_frames}")
+        num_prefix_frames = voice.num_prefix_frames
+        if num_prefix_frames > max_frames:
+            raise PromptError(f"prefix_frames: {num_prefix_frames} frames exceed max_frames ({max_frames})")
+        if num_prefix_frames and voice.text_complete:  # else known once the text arrived (checked at prefill)
+            prompt = build_prompt(self.model_config, voice)
+            self._check_positions(len(prompt.positions) - num_prefix_frames, num_prefix_frames)
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
         with self._admit_lock:
             if request_id in self._requests:
@@ -193,9 +204,14 @@ class TalkerEngine:
                 self.config.max_buffered_frames,
                 ignore_eos,
                 text_started=bool(voice.text_ids),
+                num_frames=num_prefix_frames,
+                num_launched=num_prefix_frames,
             )
             stream = FrameStream(
-                request_id, self.config.max_buffered_frames, lambda count: self._command("consumed", request_id, count)
+                request_id,
+                self.config.max_buffered_frames,
+                lambda count: self._command("consumed", request_id, count),
+                first_frame_index=num_prefix_frames,
             )
             self._requests[request_id] = (request, stream)
             self._admitted += 1
@@ -348,22 +364,37 @@ class TalkerEngine:
                 if voice.mode == "voice_clone" and voice.speaker_vector is None:
                     voice.speaker_vector = self.runner.speaker_vector(voice.ref_audio)
                 request.prompt = build_prompt(self.model_config, voice)
-                request.num_prompt_positions = len(request.prompt.positions)
-                if request.num_prompt_positions >= self.config.max_positions:
-                    raise PromptError(
-                        f"text: prompt of {request.num_prompt_positions} positions exceeds the limit "
-                        f"of {self.config.max_positions - 1}"
-                    )
+                request.num_prompt_positions = len(request.prompt.positions) - voice.num_prefix_frames
+                self._check_positions(request.num_prompt_positions, voice.num_prefix_frames)
                 ready.append(request)
             except PromptError as error:
                 self._finish(request, FinishReason.ERROR, str(error))
-        if ready:
-            slots = [request.slot for request in ready]
-            self.runner.set_params(
-                slots, [r.sampling for r in ready], [r.seed for r in ready], [r.ignore_eos for r in ready]
+        if not ready:
+            return
+        slots = [request.slot for request in ready]
+        self.runner.set_params(
+            slots, [r.sampling for r in ready], [r.seed for r in ready], [r.ignore_eos for r in ready]
+        )
+        embeds, lengths = self.runner.embed_prompts([r.prompt for r in ready], [r.voice for r in ready])
+        prefix_code0s = [None if r.voice.prefix_frames is None else r.voice.prefix_frames[:, 0] for r in ready]
+        self.runner.prefill(slots, embeds, lengths, prefix_code0s)
+        # A resumed request's prefill sampled what the decode step of its last prefix frame sampled: the same stop
+        # rule applies (EOS, or its limits reached), which needs that id on the host now — one wait for the device.
+        resumed = [request for request in ready if request.num_frames]
+        if resumed:
+            for request, code0 in zip(resumed, self.runner.next_code0s([r.slot for r in resumed]), strict=True):
+                self._may_finish(request, code0)
+
+    def _check_positions(self, num_prompt_positions: int, num_prefix_frames: int) -> None:
+        """The prompt must leave room for a frame; a resumed one must hold its prefix frames."""
+        limit = self.config.max_positions
+        if num_prefix_frames == 0 and num_prompt_positions >= limit:
+            raise PromptError(f"text: prompt of {num_prompt_positions} positions exceeds the limit of {limit - 1}")
+        if num_prompt_positions + num_prefix_frames > limit:
+            raise PromptError(
+                f"prefix_frames: the prompt's {num_prompt_positions} positions plus {num_prefix_frames} frames "
+                f"exceed max_positions ({limit})"
             )
-            embeds, lengths = self.runner.embed_prompts([r.prompt for r in ready], [r.voice for r in ready])
-            self.runner.prefill(slots, embeds, lengths)
 
     def _launch(self, requests: list[TalkerRequest], text_ids: list[int]) -> tuple[DecodeLaunch, list[TalkerRequest]]:
         launch = self.runner.launch([r.slot for r in requests], text_ids, max(r.position for r in requests))
@@ -376,7 +407,6 @@ class TalkerEngine:
         had one frame launched too many: it is dropped, and its slot's state is reset by the next prefill."""
         frames, next_code0 = self.runner.collect(launch)
         frames = frames.astype(np.int16)
-        eos = self.model_config.codec_ids.eos
         for index, request in enumerate(requests):
             if request.status is Status.FINISHED:
                 continue
@@ -384,13 +414,17 @@ class TalkerEngine:
             stream.push(frames[index])
             request.num_frames += 1
             request.buffered_frames += 1
-            if next_code0[index] == eos and not request.ignore_eos:
-                self._finish(request, FinishReason.EOS)
-            elif request.num_frames >= request.max_frames or (
-                request.num_prompt_positions + request.num_frames >= self.config.max_positions
-            ):
-                self._finish(request, FinishReason.MAX_LENGTH)
+            self._may_finish(request, next_code0[index])
         self.stats.frames += len(requests)
+
+    def _may_finish(self, request: TalkerRequest, next_code0: int) -> None:
+        """The stop rule once frame `num_frames - 1` is out, given the codebook-0 id sampled for the next frame."""
+        if next_code0 == self.model_config.codec_ids.eos and not request.ignore_eos:
+            self._finish(request, FinishReason.EOS)
+        elif request.num_frames >= request.max_frames or (
+            request.num_prompt_positions + request.num_frames >= self.config.max_positions
+        ):
+            self._finish(request, FinishReason.MAX_LENGTH)
 
     def _finish(self, request: TalkerRequest, reason: FinishReason, error: str | None = None) -> None:
         if request.status is Status.FINISHED:

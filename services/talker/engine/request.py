@@ -37,7 +37,8 @@ class TalkerRequest:
     status: Status = Status.WAITING
     slot: int | None = None
     prompt: Prompt | None = None
-    num_prompt_positions: int = 0
+    num_prompt_positions: int = 0  # before frame 0 (a resumed prompt's prefix-frame positions not included)
+    # Frame counts of the whole request: a resumed request starts at its prefix frames, produced elsewhere.
     num_frames: int = 0  # frames generated (handed to the output)
     num_launched: int = 0  # frames whose decode step was launched (≥ num_frames: one step may be in flight)
     buffered_frames: int = 0  # frames handed out but not yet taken by the consumer
@@ -60,15 +61,14 @@ class TalkerRequest:
 
     def trailing_text_id(self, pad_id: int) -> int | None:
         """Text id for the next decode step; `None` while the text it needs has not arrived yet."""
-        trailing = self.prompt.trailing_text_ids
-        if self.num_launched < len(trailing):
-            return trailing[self.num_launched]
-        return None if self.prompt.streams_text else pad_id
+        return self.prompt.text_id_for(self.num_launched, pad_id)
 
     @property
     def prompt_ready(self) -> bool:
-        """Whether enough text arrived to build the prompt: the streaming layout needs one token, others all."""
+        """Whether enough text arrived to build the prompt: the streaming layout needs one token, plus one for each
+        prefix frame (the trailing text its decode step fed); other layouts need all of it."""
         voice = self.voice
         if voice.text_complete:
             return True
-        return bool(voice.text_ids) and not voice.non_streaming_text and voice.ref_codes is None
+        streams = not voice.non_streaming_text and voice.ref_codes is None
+        return streams and len(voice.text_ids) > voice.num_prefix_frames

@@ -231,15 +231,28 @@ class TalkerRunner:
         return embed_prompts(self.model.talker, prompts, voices)
 
     @torch.inference_mode()
-    def prefill(self, slots: list[int], embeds: torch.Tensor, lengths: list[int]) -> None:
+    def prefill(
+        self,
+        slots: list[int],
+        embeds: torch.Tensor,
+        lengths: list[int],
+        prefix_code0s: list[torch.Tensor | None] | None = None,
+    ) -> None:
         """Run prompts `embeds [R, L, H]` (row i right-padded past `lengths[i]`) into `slots[i]` in one forward
-        and sample each row's first codebook-0 id (never EOS).
+        and sample each row's next codebook-0 id.
+
+        A fresh row (`prefix_code0s[i]` None, or no `prefix_code0s`) samples frame 0's id, never EOS. A resumed row
+        (`prefix_code0s[i]`: the codebook-0 ids of its N prefix frames, whose positions end its prompt) leaves the
+        slot as the decode step of frame N-1 would have: penalty mask over those ids, frame N's id sampled as that
+        step samples it (frame index N, so with the same draws; EOS allowed from the minimum on).
 
         A padded position writes cache entries past its row's prompt, which that row's decode steps overwrite
         before anything attends to them.
         """
         num_rows, longest, _ = embeds.shape
-        assert longest < self.max_positions, "prompt longer than the cache; the engine checks this"
+        assert longest <= self.max_positions, "prompt longer than the cache; the engine checks this"
+        prefix_code0s = prefix_code0s or [None] * num_rows
+        num_prefix = [0 if codes is None else len(codes) for codes in prefix_code0s]
         embeds = embeds.to(self.dtype)
         padded = self.padded_prefill.run(embeds) if self.padded_prefill is not None else None
         if padded is not None:
@@ -249,18 +262,27 @@ class TalkerRunner:
             num_layers, _, _, num_kv_heads, _, head_dim = self.talker_cache.shape
             scratch = self.talker_cache.new_empty(num_layers, 2, num_rows, num_kv_heads, longest, head_dim)
             hidden = self.model.talker.model(embeds, positions, list(scratch), longest)
-        index = self._upload(slots, torch.long)
+        index, last_index, num_generated = self._upload(slots + lengths + num_prefix, torch.long).view(3, num_rows)
+        last_index = last_index - 1
         self.talker_cache[..., :longest, :].index_copy_(2, index, scratch)
-        last_index = self._upload(lengths, torch.long) - 1
         last_hidden = hidden[torch.arange(num_rows, device=self.device), last_index]
         self.generated_mask[index] = False
-        self.num_generated[index] = 0
+        if any(num_prefix):
+            rows = [slot for slot, count in zip(slots, num_prefix, strict=True) for _ in range(count)]
+            code0s = torch.cat([codes for codes in prefix_code0s if codes is not None])
+            seen = torch.cat((torch.tensor(rows, dtype=torch.long), code0s.long())).to(self.device, non_blocking=True)
+            self.generated_mask[seen[: len(rows)], seen[len(rows) :]] = True
+        self.num_generated[index] = num_generated
         code0 = self._pick_code0(self.model.talker.codec_head(last_hidden), index)
         self.last_hidden[index] = last_hidden
         self.next_code0[index] = code0
         self.position[index] = last_index + 1
-        self.num_generated[index] = 1
+        self.num_generated[index] = num_generated + 1
         self.generated_mask[index, code0] = True
+
+    def next_code0s(self, slots: list[int]) -> list[int]:
+        """The codebook-0 ids sampled for `slots`' next frames; waits for the device."""
+        return self.next_code0[self._upload(slots, torch.long)].tolist()
 
     def _predict_frame(self, num_rows: int) -> torch.Tensor:
         """Codebooks 1..15 for rows `[0, num_rows)` → whole frames `[n, 16]`."""

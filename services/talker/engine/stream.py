@@ -18,13 +18,16 @@ from chorus.talker.engine.request import FinishReason
 
 
 class FrameStream:
-    def __init__(self, request_id: str, capacity_frames: int, on_consumed: Callable[[int], None]) -> None:
+    def __init__(
+        self, request_id: str, capacity_frames: int, on_consumed: Callable[[int], None], first_frame_index: int = 0
+    ) -> None:
         self.request_id = request_id
         self.capacity_frames = capacity_frames
+        self.first_frame_index = first_frame_index  # the request's index of this stream's first frame (resumed: N)
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
         # Usage and timings (time.perf_counter seconds) for the final message; written by the engine thread.
-        self.num_frames = 0
+        self.num_frames = 0  # frames this stream produced
         self.num_text_tokens = 0
         self.admitted_at = time.perf_counter()
         self.scheduled_at: float | None = None
