@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,8 +56,11 @@ class LocalRedis:
                 self.process.wait()
 
 
-def start_local_redis(work_dir: Path, port: int = 0, timeout_s: float = 10.0) -> LocalRedis:
-    """Starts redis-server on 127.0.0.1 and waits until it answers PING."""
+def start_local_redis(
+    work_dir: Path, port: int = 0, timeout_s: float = 10.0, extra_args: Sequence[str] = ()
+) -> LocalRedis:
+    """Starts redis-server on 127.0.0.1 (`extra_args` appended to its command line) and waits until it answers
+    PING."""
     port = port or free_port()
     work_dir.mkdir(parents=True, exist_ok=True)
     args = [
@@ -75,6 +79,7 @@ def start_local_redis(work_dir: Path, port: int = 0, timeout_s: float = 10.0) ->
         "yes",
         "--loglevel",
         "warning",
+        *extra_args,
     ]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent)
     server = LocalRedis(process, port)
