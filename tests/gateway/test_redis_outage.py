@@ -1,0 +1,117 @@
+"""A Redis outage under a running gateway (real tiny talker and vocoder, a redis-server this test owns):
+fast 503s in the OpenAI envelope while it lasts, and the same gateway serving again, by itself, once Redis is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+
+import httpx
+import pytest
+from speech_stack import speech_stack
+
+from chorus.gateway.state.connection import open_redis
+from chorus.gateway.state.requests import RUNNING, RequestStore
+from chorus.runtime.redis_server import start_local_redis
+
+#: A stopped Redis costs a command its socket timeout (2 s); a dead one, a refused connection (at once).
+MAX_OUTAGE_ANSWER_S = 3.0
+SPEECH = {"model": "tiny", "input": "Hello.", "voice": "ryan", "response_format": "pcm", "max_frames": 10}
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    server = start_local_redis(tmp_path / "redis")
+    yield server
+    if server.process.poll() is None:
+        os.kill(server.process.pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+    server.stop()
+
+
+async def speak(http: httpx.AsyncClient) -> httpx.Response:
+    return await http.post("/v1/audio/speech", json=SPEECH)
+
+
+async def assert_fast_503(http: httpx.AsyncClient, what: str) -> float:
+    """A speech request and a status read both answer 503 in the OpenAI envelope, fast; returns the slower time."""
+    slowest_s = 0.0
+    for send in (lambda: speak(http), lambda: http.get("/v1/requests/no-such-request")):
+        started = time.monotonic()
+        reply = await send()
+        elapsed_s = time.monotonic() - started
+        assert reply.status_code == 503, (what, reply.status_code, reply.text)
+        error = reply.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["type"] == "server_error" and error["code"] == "unavailable" and "Redis" in error["message"]
+        assert reply.headers["retry-after"] == "1"
+        assert elapsed_s < MAX_OUTAGE_ANSWER_S, f"{what}: 503 took {elapsed_s:.2f} s"
+        slowest_s = max(slowest_s, elapsed_s)
+    ready = await http.get("/ready")
+    assert ready.status_code == 503 and ready.json()["redis"] is False
+    return slowest_s
+
+
+async def test_a_stopped_redis_gives_fast_503s_and_the_gateway_serves_again_when_it_continues(
+    start_gateway, own_redis, tmp_path
+):
+    async with speech_stack(start_gateway, own_redis.url, str(tmp_path)) as (_, http, *_):
+        assert (await speak(http)).status_code == 200
+        os.kill(own_redis.process.pid, signal.SIGSTOP)  # hung, not gone: connections stay open, nothing answers
+        try:
+            slowest_s = await assert_fast_503(http, "stopped Redis")
+        finally:
+            os.kill(own_redis.process.pid, signal.SIGCONT)
+        started = time.monotonic()
+        reply = await speak(http)
+        assert reply.status_code == 200 and len(reply.content) > 0, reply.text
+        assert (await http.get("/ready")).json()["redis"] is True
+        print(f"stopped Redis: 503 within {slowest_s:.2f} s; served again {time.monotonic() - started:.2f} s after")
+
+
+async def test_a_restarted_redis_is_used_again_cancel_subscription_included(start_gateway, own_redis, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="chorus.gateway.cancel")
+    async with speech_stack(start_gateway, own_redis.url, str(tmp_path)) as (gateway, http, *_):
+        context = gateway.context
+        assert (await speak(http)).status_code == 200
+        with context.cancels.watch("held-across-the-outage"):  # the cancel listener is subscribed now
+            await asyncio.sleep(0.2)
+            own_redis.process.kill()
+            own_redis.process.wait()
+            slowest_s = await assert_fast_503(http, "dead Redis")
+            await asyncio.sleep(1.0)  # the listener notices and keeps retrying
+            restarted = start_local_redis(tmp_path / "redis", port=own_redis.port)  # empty, on the same port
+            own_redis.process = restarted.process
+
+        started = time.monotonic()
+        reply = await speak(http)
+        assert reply.status_code == 200 and len(reply.content) > 0, reply.text
+        served_s = time.monotonic() - started
+
+        # A cancel from another replica reaches this gateway's runs through its renewed subscription: the
+        # listener reads flags every 5 s on its own, so a wake-up well within that came from pub/sub.
+        assert context.cancels.poll_interval_s >= 5.0
+        other_client = open_redis(own_redis.url)
+        other_replica = RequestStore(other_client)
+        request_id = (await context.requests.create("speech", model="tiny")).request_id
+        await context.requests.transition(request_id, RUNNING)
+        deadline = time.monotonic() + 5.0
+        while "cancel subscription restored" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            await asyncio.sleep(0.05)
+        with context.cancels.watch(request_id) as watch:
+            waiter = asyncio.create_task(watch.wait())
+            await asyncio.sleep(0.1)
+            woken_from = time.monotonic()
+            assert await other_replica.request_cancel(request_id) == RUNNING
+            await asyncio.wait_for(waiter, timeout=5.0)
+            wake_s = time.monotonic() - woken_from
+        await other_client.aclose()
+        assert wake_s < 1.0, f"the cancel took {wake_s:.2f} s: the pub/sub hint did not arrive"
+        lost = [r for r in caplog.records if "cancel subscription lost" in r.getMessage()]
+        assert len(lost) == 1, "one warning per outage, not one per retry"
+        print(f"dead Redis: 503 within {slowest_s:.2f} s; speech served {served_s:.2f} s after the restart; ")
+        print(f"cancel via pub/sub after the restart woke its run in {wake_s * 1000:.0f} ms")
