@@ -36,6 +36,8 @@ class GatewayContext:
     diffusion_window: BatchWindow
     catalog: TalkerCatalog
     reference_codes: ReferenceCodes
+    #: Set once SIGTERM starts the drain: /ready answers 503 so that load balancers stop sending new work.
+    is_draining: bool = False
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> GatewayContext:

@@ -49,12 +49,16 @@ class TickerService(Service):
     def __init__(self) -> None:
         self.warm = asyncio.Event()
         self.closed = False
+        self.num_drains = 0
 
     def register(self, server):
         diffusion_pb2_grpc.add_DiffusionServicer_to_server(TickerServicer(), server)
 
     async def start(self):
         await self.warm.wait()
+
+    def begin_drain(self):
+        self.num_drains += 1
 
     async def close(self):
         self.closed = True
@@ -94,6 +98,7 @@ async def test_health_is_not_serving_until_warm_then_serving_then_not_serving_on
         assert (await watch.read()).status == SERVING
         stopping = asyncio.create_task(host.stop())
         assert (await watch.read()).status == NOT_SERVING
+        assert service.num_drains == 1, "the service heard of the drain no later than health did"
         watch.cancel()
         await stopping
 
