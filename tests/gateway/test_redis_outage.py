@@ -18,8 +18,9 @@ from chorus.gateway.state.connection import open_redis
 from chorus.gateway.state.requests import RUNNING, RequestStore
 from chorus.runtime.redis_server import start_local_redis
 
-#: A stopped Redis costs a command its socket timeout (2 s); a dead one, a refused connection (at once).
-MAX_OUTAGE_ANSWER_S = 3.0
+#: A stopped Redis costs a command its socket timeout (2 s); a dead one, a refused connection (at once). The
+#: rest is slack for a loaded 2-core test machine (2.05 s measured on a quiet one, 2.5 s on a busy one).
+MAX_OUTAGE_ANSWER_S = 3.5
 SPEECH = {"model": "tiny", "input": "Hello.", "voice": "ryan", "response_format": "pcm", "max_frames": 10}
 
 
@@ -52,6 +53,7 @@ async def assert_fast_503(http: httpx.AsyncClient, what: str) -> float:
         slowest_s = max(slowest_s, elapsed_s)
     ready = await http.get("/ready")
     assert ready.status_code == 503 and ready.json()["redis"] is False
+    assert (await http.get("/health")).status_code == 200, "an outage of Redis is no reason to restart a gateway"
     return slowest_s
 
 
