@@ -7,6 +7,7 @@ import signal
 
 import pytest
 
+from chorus.stack import LocalStack, StackPorts
 from chorus.supervisor import RestartPolicy, Supervisor, describe_exit
 
 
@@ -122,3 +123,14 @@ def test_a_child_that_cannot_be_started_is_retried_with_backoff():
     assert "redis could not be started (port in use) after 0.0 s up; restart 2 in 2.0 s" in lines
     assert [later - earlier for earlier, later in itertools.pairwise(attempts[1:])] == [2.0, 4.0]
     assert supervisor.processes["redis"] is None
+
+
+def test_with_restarts_off_the_stack_reports_the_first_death_and_restarts_nothing():
+    stack = LocalStack(StackPorts.choose(0, 0), redis_url="redis://127.0.0.1:1/0", restart_policy=None)
+    processes = {name: FakeProcess() for name in ("talker", "gateway")}
+    for name, process in processes.items():
+        stack.supervisor.start(name, lambda process=process: process)
+    assert stack.watch() is None
+    processes["gateway"].returncode = -signal.SIGSEGV
+    assert stack.watch() == ("gateway", -signal.SIGSEGV)
+    assert stack.supervisor.num_restarts("gateway") == 0

@@ -1,14 +1,20 @@
 """redis-server processes a test owns (the session's shared one must not be stopped): a replica of another,
-and a Sentinel monitoring a master, all on loopback from the same binary `chorus up` uses."""
+and a Sentinel monitoring a master, all on loopback from the same binary `chorus up` uses; and the check that
+a gateway's cancel subscription is back after Redis was."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
+from chorus.gateway.context import GatewayContext
+from chorus.gateway.state.connection import open_redis
+from chorus.gateway.state.requests import RUNNING, RequestStore
 from chorus.runtime.processes import die_with_parent, free_port
 from chorus.runtime.redis_server import LocalRedis, redis_server_binary, start_local_redis
 
@@ -60,3 +66,27 @@ def start_sentinel(
         client.close()
         master_client.close()
     return sentinel
+
+
+async def cancel_wake_s(context: GatewayContext, redis_url: str, caplog: pytest.LogCaptureFixture) -> float:
+    """Once the gateway's cancel listener says its subscription is restored (caplog at INFO for
+    chorus.gateway.cancel), how long a cancel requested by another replica takes to wake one of its runs.
+    The listener reads flags every 5 s on its own, so well under that means the pub/sub hint arrived."""
+    assert context.cancels.poll_interval_s >= 5.0
+    other_client = open_redis(redis_url)  # another gateway replica
+    try:
+        request_id = (await RequestStore(other_client).create("speech", model="tiny")).request_id
+        await context.requests.transition(request_id, RUNNING)
+        deadline = time.monotonic() + 5.0
+        while "cancel subscription restored" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            await asyncio.sleep(0.05)
+        with context.cancels.watch(request_id) as watch:
+            waiter = asyncio.create_task(watch.wait())
+            await asyncio.sleep(0.1)
+            cancelled_at = time.monotonic()
+            assert await RequestStore(other_client).request_cancel(request_id) == RUNNING
+            await asyncio.wait_for(waiter, timeout=5.0)
+            return time.monotonic() - cancelled_at
+    finally:
+        await other_client.aclose()

@@ -85,7 +85,7 @@ async def test_ready_is_false_when_redis_is_down():
     assert reply.status_code == 503 and reply.json()["redis"] is False
 
 
-async def test_ready_turns_false_when_the_drain_begins(redis_url):
+async def test_ready_turns_false_when_the_drain_begins(start_gateway, redis_url):
     """On SIGTERM the host calls `begin_drain` (tests/runtime/test_host.py): from then on /ready is 503, so a
     readiness probe takes the draining gateway out of rotation while its in-flight work finishes."""
     backend, health_servicer = grpc.aio.server(), health.aio.HealthServicer()
@@ -94,19 +94,8 @@ async def test_ready_turns_false_when_the_drain_begins(redis_url):
     await backend.start()
     for name in ("chorus.v1.Talker", "chorus.v1.Vocoder", "chorus.v1.Diffusion"):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    config = GatewayConfig(
-        rest_port=0,
-        metrics_port=-1,
-        redis_url=redis_url,
-        health_interval_s=0.1,
-        talker_targets=target,
-        vocoder_targets=target,
-        diffusion_targets=target,
-    )
-    gateway = GatewayService(config)
-    gateway_host = ServiceHost(config, gateway)
-    await gateway_host.start()
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway.rest_port}") as client:
+    backends = dict(talker_targets=target, vocoder_targets=target, diffusion_targets=target)
+    async with start_gateway(redis_url, health_interval_s=0.1, **backends) as (gateway, client, _):
 
         async def is_ready() -> bool:
             return (await client.get("/ready")).status_code == 200
@@ -118,5 +107,4 @@ async def test_ready_turns_false_when_the_drain_begins(redis_url):
         assert reply.status_code == 503
         assert reply.json()["draining"] is True and reply.json()["redis"] is True
         assert (await client.get("/health")).status_code == 200, "liveness is not readiness"
-    await gateway_host.stop()
     await backend.stop(None)
