@@ -2,14 +2,16 @@
 
 Each replica gets one long-lived channel and a task that checks its gRPC health (and reads its
 `GetLoad` report) every `interval_s`. A replica that fails the check stops counting as healthy
-until it passes again (one that is only slow to answer, after a few checks in a row). New work
-goes to the least-loaded healthy replica that is not draining.
+until it passes again (one that is only slow to answer, after a few checks in a row); so does one
+that broke a stream (`failed`), at once. New work goes to the least-loaded healthy replica that is
+not draining; a stream failing over waits a while for one (`acquire`), e.g. while a replica restarts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -70,6 +72,15 @@ class Replica:
                 self.load = None
         return is_healthy
 
+    async def probe(self, timeout_s: float) -> bool:
+        """Whether the replica answers SERVING within `timeout_s` (no slow-check leniency: a stream is waiting)."""
+        try:
+            request = health_pb2.HealthCheckRequest(service=self.grpc_service)
+            reply = await self._health.Check(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
 
 class BackendPool:
     """All replicas of all backends, kept health-checked in the background."""
@@ -104,6 +115,29 @@ class BackendPool:
         if not candidates:
             raise Unavailable(f"no healthy {kind} replica; retry later")
         return min(candidates, key=lambda replica: replica.load_score)
+
+    async def acquire(self, kind: str, wait_s: float) -> Replica:
+        """`pick`, waiting up to `wait_s` for a healthy replica; the replica counts the stream until `release`."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                replica = self.pick(kind)
+                break
+            except Unavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(min(0.1, self.interval_s))
+        replica.num_active += 1
+        return replica
+
+    def release(self, replica: Replica) -> None:
+        replica.num_active -= 1
+
+    def failed(self, replica: Replica) -> None:
+        """`replica` broke a stream: no new work for it until its next health check passes."""
+        if replica.is_healthy:
+            log.info("%s replica %s is now unhealthy (it broke a stream)", replica.kind, replica.target)
+        replica.is_healthy = False
 
     def is_ready(self) -> bool:
         """True when every backend kind has at least one healthy replica."""

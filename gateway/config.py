@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from chorus.gateway.failover import FailoverPolicy
 from chorus.gateway.state.redis_url import check_redis_url
 from chorus.runtime.config import ServiceConfig, option
 
@@ -62,8 +63,27 @@ class GatewayConfig(ServiceConfig):
         300, "Long speech input is split at sentence boundaries into segments of about this many characters."
     )
     speech_concurrent_segments: int = option(2, "Segments of one speech request synthesised at once.")
+    run_lease_s: float = option(
+        2.0,
+        "A gateway process renews the leases of its runs in Redis every quarter of this; a run whose lease ran "
+        "out (its process died or hangs) is taken over by another process, which continues it from its journal.",
+    )
+    max_failovers: int = option(3, "Times one stream may move to another backend replica when its replica fails.")
+    stall_s: float = option(
+        2.0, "A stream waiting this long for its backend replica's next message probes the replica's health."
+    )
+    probe_timeout_s: float = option(1.0, "A replica that does not answer that probe in this time counts as hung.")
+    replica_wait_s: float = option(
+        5.0, "How long a stream failing over waits for a healthy replica (e.g. one restarting) before it fails."
+    )
 
     def __post_init__(self) -> None:
         check_redis_url(self.redis_url)
         if self.workers < 1:
             raise ValueError(f"workers: must be at least 1, got {self.workers}")
+        if self.max_failovers < 0:
+            raise ValueError(f"max_failovers: must be at least 0, got {self.max_failovers}")
+
+    @property
+    def failover(self) -> FailoverPolicy:
+        return FailoverPolicy(self.max_failovers, self.stall_s, self.probe_timeout_s, self.replica_wait_s)

@@ -11,12 +11,15 @@ from chorus.gateway.backends import BackendPool
 from chorus.gateway.batch_window import BatchWindow
 from chorus.gateway.catalog import TalkerCatalog
 from chorus.gateway.config import GatewayConfig
+from chorus.gateway.run_broker import RunBroker
 from chorus.gateway.runner import RunRegistry
 from chorus.gateway.state.auth import ApiKeys, RateLimiter
 from chorus.gateway.state.cancel import CancelListener
 from chorus.gateway.state.connection import open_redis
+from chorus.gateway.state.frames import FrameJournal
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import RequestRecord, RequestStore
+from chorus.gateway.state.runs import RunQueue, consumer_name
 from chorus.gateway.voice_clone import ReferenceCodes
 from chorus.runtime.errors import NotFound, Unavailable
 
@@ -36,8 +39,8 @@ class GatewayContext:
     diffusion_window: BatchWindow
     catalog: TalkerCatalog
     reference_codes: ReferenceCodes
-    #: Set once SIGTERM starts the drain: /ready answers 503 so that load balancers stop sending new work.
-    is_draining: bool = False
+    frame_journal: FrameJournal
+    broker: RunBroker
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> GatewayContext:
@@ -57,6 +60,7 @@ class GatewayContext:
             "vocoder": config.vocoder_max_in_flight,
             "diffusion": config.diffusion_max_in_flight,
         }
+        runs = RunRegistry(journal, detach_grace_s=config.reconnect_grace_s)
         admission = Admission(
             {
                 kind: BackendAdmission(kind, limit, config.max_queued, config.queue_timeout_s)
@@ -73,10 +77,12 @@ class GatewayContext:
             api_keys=ApiKeys(config.api_keys),
             rate_limiter=RateLimiter(client, config.rate_limit_per_s, config.rate_limit_burst),
             admission=admission,
-            runs=RunRegistry(journal, detach_grace_s=config.reconnect_grace_s),
+            runs=runs,
             diffusion_window=BatchWindow(config.diffusion_batch_window_ms / 1000, config.diffusion_max_batch_size),
             catalog=TalkerCatalog(backends),
             reference_codes=ReferenceCodes(backends),
+            frame_journal=FrameJournal(client, ttl_s=config.request_ttl_s),
+            broker=RunBroker(RunQueue(client, consumer_name(), config.run_lease_s), runs, config.run_lease_s),
         )
 
     def require_backends(self, *kinds: str) -> None:

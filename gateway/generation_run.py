@@ -3,9 +3,12 @@
 The request waits in the gateway's batching window so that requests arriving close together
 reach the diffusion service at once (its scheduler then steps them as one batch), then goes to
 the least-loaded healthy diffusion replica. Each progress event is recorded on the request's
-record (status and SSE readers follow it); the audio is encoded and journaled like speech, so
-download and resume work the same way. Cancelling the run cancels the diffusion stream, which
-stops the service's sampling loop for this request.
+record (status and SSE readers follow it). A replica that fails before the audio is complete
+(dies, hangs, drains) is replaced: the request starts again from step 0 on another replica with
+the same seed, so the audio is the same, and its progress says `restarts`. The audio is kept
+until the replica's Final, then encoded and journaled like speech, so download and resume work
+the same way. Cancelling the run cancels the diffusion stream, which stops the service's
+sampling loop for this request.
 """
 
 from __future__ import annotations
@@ -13,17 +16,28 @@ from __future__ import annotations
 import time
 
 import grpc
+import numpy as np
 
 from chorus.gateway.audio import StreamingEncoder
 from chorus.gateway.backends import BackendPool
 from chorus.gateway.batch_window import BatchWindow
-from chorus.gateway.journaled_run import JournaledRun
+from chorus.gateway.failover import (
+    DEFAULT_POLICY,
+    FailoverPolicy,
+    Failovers,
+    ReplicaFailed,
+    check_final_for_failover,
+    failure_of,
+    next_message,
+)
+from chorus.gateway.journaled_run import JournaledRun, JournalPosition
 from chorus.gateway.metrics import REAL_TIME_FACTOR, TIME_TO_FIRST_AUDIO_S
 from chorus.gateway.speech_pipeline import check_final, upstream_error
 from chorus.gateway.state.cancel import CancelListener
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import RequestStore
 from chorus.runtime.errors import Unavailable
+from chorus.runtime.logs import REQUEST_ID_HEADER
 from chorus.v1 import common_pb2, diffusion_pb2
 from chorus.wire import chunk_to_pcm
 
@@ -38,51 +52,66 @@ class GenerationRun(JournaledRun):
         backends: BackendPool,
         batch_window: BatchWindow,
         response_format: str,
+        policy: FailoverPolicy = DEFAULT_POLICY,
+        runner: str = "",
+        resume: JournalPosition | None = None,
     ) -> None:
-        super().__init__(requests, journal, cancels, request.request_id)
+        super().__init__(requests, journal, cancels, request.request_id, runner, resume)
         self.request = request
         self.backends = backends
         self.batch_window = batch_window
         self.response_format = response_format
+        self.policy = policy
 
     async def _produce(self) -> dict:
         started = time.monotonic()
         await self.batch_window.join()
-        replica = self.backends.pick("diffusion")
-        replica.num_active += 1
-        call = replica.stub.Generate(self.request)
-        encoder: StreamingEncoder | None = None
-        final: common_pb2.Final | None = None
-        sequence, num_samples, sample_rate_hz = 0, 0, 0
+        failovers = Failovers("diffusion", self.request_id, self.backends, self.policy)
+        while True:
+            replica = await self.backends.acquire("diffusion", self.policy.replica_wait_s)
+            try:
+                final, pcm = await self._generate(replica, failovers.count)
+                break
+            except ReplicaFailed as error:
+                failovers.record(replica, error)
+            finally:
+                self.backends.release(replica)
+        TIME_TO_FIRST_AUDIO_S.labels("audio").observe(time.monotonic() - started)
+        samples = np.concatenate([chunk_to_pcm(chunk) for chunk in pcm])
+        encoder = StreamingEncoder(self.response_format, pcm[0].sample_rate_hz, samples.shape[1])
         try:
-            async for output in call:
-                kind = output.WhichOneof("output")
-                if kind == "progress":
-                    await self.requests.set_progress(self.request_id, output.progress.step, output.progress.num_steps)
-                elif kind == "audio":
-                    samples = chunk_to_pcm(output.audio.pcm)
-                    if encoder is None:
-                        sample_rate_hz = output.audio.pcm.sample_rate_hz
-                        encoder = StreamingEncoder(self.response_format, sample_rate_hz, samples.shape[1])
-                        TIME_TO_FIRST_AUDIO_S.labels("audio").observe(time.monotonic() - started)
-                    num_samples += samples.shape[0]
-                    sequence = await self._journal(sequence, encoder.encode(samples))
-                else:
-                    final = output.final
-            if final is None:
-                raise Unavailable("diffusion ended the stream without a Final")
-            check_final(final, "diffusion")
-            if encoder is None:
-                raise Unavailable("diffusion finished without audio")
+            sequence = await self._journal(0, encoder.encode(samples))
             sequence = await self._journal(sequence, encoder.flush())
-            encoder = None
-        except grpc.aio.AioRpcError as exc:
-            raise upstream_error(exc, "diffusion") from None
         finally:
-            call.cancel()  # no-op when the stream ended; stops the diffusion run otherwise
-            replica.num_active -= 1
-            if encoder is not None:
-                encoder.close()
-        audio_s = num_samples / sample_rate_hz
+            encoder.close()
+        audio_s = samples.shape[0] / pcm[0].sample_rate_hz
         REAL_TIME_FACTOR.labels("audio").observe((time.monotonic() - started) / audio_s)
         return {"audio_s": audio_s, "num_steps": final.usage.num_steps, "last_sequence": sequence - 1}
+
+    async def _generate(self, replica, restarts: int) -> tuple[common_pb2.Final, list[common_pb2.PcmChunk]]:
+        """The replica's Final and audio; raises ReplicaFailed when another replica should start it again."""
+        metadata = ((REQUEST_ID_HEADER, self.request_id),)
+        call = replica.stub.Generate(self.request, metadata=metadata)
+        if restarts:
+            await self.requests.set_progress(self.request_id, 0, self.request.num_steps, restarts)
+        pcm: list[common_pb2.PcmChunk] = []
+        try:
+            messages = aiter(call)
+            while (output := await next_message(messages, replica, self.policy)) is not None:
+                kind = output.WhichOneof("output")
+                if kind == "progress":
+                    step, num_steps = output.progress.step, output.progress.num_steps
+                    await self.requests.set_progress(self.request_id, step, num_steps, restarts)
+                elif kind == "audio":
+                    pcm.append(output.audio.pcm)
+                else:
+                    check_final_for_failover(output.final, "diffusion")
+                    check_final(output.final, "diffusion")
+                    if not pcm:
+                        raise Unavailable("diffusion finished without audio")
+                    return output.final, pcm
+            raise ReplicaFailed(f"diffusion {replica.target} ended the stream without a Final")
+        except grpc.aio.AioRpcError as exc:
+            raise failure_of(exc, "diffusion") or upstream_error(exc, "diffusion") from None
+        finally:
+            call.cancel()  # no-op when the stream ended; stops the diffusion run otherwise

@@ -10,18 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import PurePath
 
 from chorus.gateway.context import GatewayContext
+from chorus.gateway.frame_log import FRAME_BYTES
 from chorus.gateway.generation_run import GenerationRun
+from chorus.gateway.journaled_run import JournaledRun, JournalPosition
+from chorus.gateway.run_spec import GenerationSpec, RunSpec, SpeechSpec, decode_spec, encode_spec
 from chorus.gateway.schemas import GenerationRequest, SpeechRequest
 from chorus.gateway.speech_pipeline import synthesize_segment
 from chorus.gateway.speech_run import SpeechRun, segment_requests
+from chorus.gateway.state.frames import SegmentFrames
 from chorus.gateway.state.requests import FAILED, TERMINAL, RequestRecord
+from chorus.gateway.state.runs import RunEntry
 from chorus.gateway.talker_request import synthesis_request
-from chorus.runtime.errors import NotFound, status_for
-from chorus.v1 import common_pb2, diffusion_pb2, talker_pb2
+from chorus.runtime.errors import NotFound, Unavailable, status_for
+from chorus.v1 import diffusion_pb2, talker_pb2
 
 PROGRESS_POLL_INTERVAL_S = 0.1
 DIFFUSION_MODEL = "stable-audio-open-1.0"  # what /v1/models lists for the diffusion service
@@ -34,6 +40,8 @@ async def _admit(
     request and no slot (nothing new runs, and a retry is answered even while admission is full)."""
     if idempotency_key and (earlier_id := await ctx.requests.idempotent_request(owner, idempotency_key)):
         return await ctx.requests.get(earlier_id), None
+    if ctx.broker.is_draining:
+        raise Unavailable("this gateway process is shutting down; retry (another process takes new requests)")
     ctx.require_backends(*kinds)
     slot = contextlib.AsyncExitStack()
     await slot.enter_async_context(ctx.admission.enter(*kinds))
@@ -46,7 +54,10 @@ async def _admit(
             if earlier_id is not None:
                 await slot.aclose()
                 return await ctx.requests.get(earlier_id), None
-        return await ctx.requests.create(owner=owner, request_id=request_id, **record_fields), slot
+        record = await ctx.requests.create(
+            owner=owner, request_id=request_id, runner=ctx.broker.runner, **record_fields
+        )
+        return record, slot
     except BaseException:
         await slot.aclose()
         raise
@@ -70,13 +81,101 @@ async def start_generation(
         duration_s=body.duration_s,
         num_steps=body.num_steps or 0,
         guidance_scale=body.guidance_scale,
-        seed=body.seed,
+        seed=_seed(body.seed),
     )
-    run = GenerationRun(
-        ctx.requests, ctx.journal, ctx.cancels, request, ctx.backends, ctx.diffusion_window, body.response_format
-    )
-    ctx.runs.start(run, slot, is_detachable=is_detachable)
+    await _start_run(ctx, record, GenerationSpec(request, body.response_format), slot, is_detachable)
     return record
+
+
+def _seed(requested: int | None) -> int:
+    """The request's seed, drawn here when it has none: a run started again elsewhere makes the same output."""
+    return requested if requested is not None else secrets.randbits(63)
+
+
+async def _start_run(
+    ctx: GatewayContext,
+    record: RequestRecord,
+    spec: RunSpec,
+    slot: contextlib.AsyncExitStack,
+    is_detachable: bool,
+    text_deltas: AsyncIterator[str] | None = None,
+) -> None:
+    run = build_run(ctx, record.request_id, spec, text_deltas=text_deltas)
+    try:
+        await ctx.broker.start_run(run, encode_spec(spec), slot, is_detachable)
+    except BaseException:
+        await slot.aclose()
+        raise
+
+
+def build_run(
+    ctx: GatewayContext,
+    request_id: str,
+    spec: RunSpec,
+    text_deltas: AsyncIterator[str] | None = None,
+    resume: JournalPosition | None = None,
+    frames: list[SegmentFrames] | None = None,
+) -> JournaledRun:
+    """The run of `spec` in this process: a new one, or (`resume`) one taken over at that journal position."""
+    runner = ctx.broker.runner
+    if isinstance(spec, GenerationSpec):
+        return GenerationRun(
+            ctx.requests,
+            ctx.journal,
+            ctx.cancels,
+            spec.request,
+            ctx.backends,
+            ctx.diffusion_window,
+            spec.response_format,
+            ctx.config.failover,
+            runner,
+            resume,
+        )
+    return SpeechRun(
+        ctx.requests,
+        ctx.journal,
+        ctx.cancels,
+        request_id,
+        spec.segments,
+        lambda request, log: synthesize_segment(ctx.backends, request, ctx.config.failover, log, None, text_deltas),
+        spec.response_format,
+        speed=spec.speed,
+        max_concurrent_segments=ctx.config.speech_concurrent_segments,
+        max_lead_s=ctx.config.max_output_lead_s if resume is None else None,
+        frame_journal=ctx.frame_journal,
+        runner=runner,
+        resume=resume,
+        frames=frames,
+    )
+
+
+async def continue_run(ctx: GatewayContext, entry: RunEntry) -> JournaledRun | None:
+    """A run another process stopped renewing, taken over where its journal ends; None if it had ended."""
+    status = await ctx.requests.take(entry.request_id, ctx.broker.runner)
+    if status is None or status in TERMINAL:
+        return None
+    spec = decode_spec(entry.spec)
+    num_chunks, num_bytes = await ctx.journal.position(entry.request_id)
+    resume = JournalPosition(num_chunks, num_bytes)
+    if isinstance(spec, SpeechSpec) and spec.streams_text:
+        return _Unrecoverable(
+            ctx, entry.request_id, resume, "its text streamed in over a connection to a gateway process that stopped"
+        )
+    frames = None
+    if isinstance(spec, SpeechSpec):
+        frames = await ctx.frame_journal.read(entry.request_id, len(spec.segments), FRAME_BYTES)
+    return build_run(ctx, entry.request_id, spec, resume=resume, frames=frames)
+
+
+class _Unrecoverable(JournaledRun):
+    """A run that cannot be continued elsewhere: it fails, saying why."""
+
+    def __init__(self, ctx: GatewayContext, request_id: str, resume: JournalPosition, reason: str) -> None:
+        super().__init__(ctx.requests, ctx.journal, ctx.cancels, request_id, ctx.broker.runner, resume)
+        self.reason = reason
+
+    async def _produce(self) -> dict:
+        raise Unavailable(f"request {self.request_id} cannot be continued: {self.reason}")
 
 
 async def check_speech_target(ctx: GatewayContext, model: str, voice: str | None) -> None:
@@ -88,21 +187,6 @@ async def check_speech_target(ctx: GatewayContext, model: str, voice: str | None
     speakers = {speaker.lower() for speaker in voices.speakers}
     if voice is not None and speakers and voice.lower() not in speakers:
         raise NotFound(f"voice {voice!r} not found; GET /v1/audio/voices lists the available ones")
-
-
-async def _segment_pcm(
-    ctx: GatewayContext, request: talker_pb2.SynthesisRequest, text_deltas: AsyncIterator[str] | None = None
-) -> AsyncIterator[common_pb2.PcmChunk]:
-    """One segment on the least-loaded talker and vocoder replicas, counted on both while it runs."""
-    talker, vocoder = ctx.backends.pick("talker"), ctx.backends.pick("vocoder")
-    talker.num_active += 1
-    vocoder.num_active += 1
-    try:
-        async for pcm in synthesize_segment(talker.stub, vocoder.stub, request, text_deltas=text_deltas):
-            yield pcm
-    finally:
-        talker.num_active -= 1
-        vocoder.num_active -= 1
 
 
 async def start_speech(
@@ -135,25 +219,15 @@ async def start_speech(
         await ctx.requests.transition(record.request_id, FAILED, error={"code": code.name, "message": message})
         raise
     base = synthesis_request(body, clone)
+    base.seed = _seed(body.seed)
     if text_deltas is None:
         segments = segment_requests(record.request_id, base, body.input, ctx.config.speech_segment_chars)
     else:
         base.streaming_text = True
         segments = [talker_pb2.SynthesisRequest(request_id=f"{record.request_id}.0", text=body.input)]
         segments[0].MergeFrom(base)
-    run = SpeechRun(
-        ctx.requests,
-        ctx.journal,
-        ctx.cancels,
-        record.request_id,
-        segments,
-        lambda request: _segment_pcm(ctx, request, text_deltas),
-        body.response_format,
-        speed=body.speed,
-        max_concurrent_segments=ctx.config.speech_concurrent_segments,
-        max_lead_s=ctx.config.max_output_lead_s,
-    )
-    ctx.runs.start(run, slot, is_detachable=True)
+    spec = SpeechSpec(segments, body.response_format, body.speed, streams_text=text_deltas is not None)
+    await _start_run(ctx, record, spec, slot, is_detachable=True, text_deltas=text_deltas)
     return record
 
 

@@ -5,47 +5,83 @@ usage; this base moves the record queued → running → done | failed | cancell
 production when a cancel is requested on any replica (the record's flag, woken early by
 pub/sub), and always writes the journal's end marker so readers stop. Every journaled entry is
 then published to the run's `LiveOutput`, for readers on this replica.
+
+A run belongs to one gateway process at a time (`runner`: the record field that fences its writes).
+A run taken over from another process (`resume`) produces its output again from the start and
+journals only the bytes past what the journal already holds, so readers get one continuous stream;
+a run handed over (`hand_over`) or lost to another process (`RunLost`) stops without writing an end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 
 from chorus.gateway.live_output import LiveOutput
 from chorus.gateway.output_lead import OutputLead
 from chorus.gateway.state.cancel import CancelListener, CancelWatch
 from chorus.gateway.state.journal import JournalEntry, OutputJournal
-from chorus.gateway.state.requests import CANCELLED, DONE, FAILED, RUNNING, RequestStore
+from chorus.gateway.state.requests import CANCELLED, DONE, FAILED, RUNNING, RequestStore, RunLost
 from chorus.runtime.errors import ChorusError, status_for
 
 log = logging.getLogger("chorus.gateway.run")
+HANDED_OVER = "handed-over"  # `run`'s result when another process continues the run
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JournalPosition:
+    """How much output a run taken over finds journaled."""
+
+    num_chunks: int
+    num_bytes: int
 
 
 class JournaledRun:
     lead: OutputLead | None = None  # runs whose output waits for its readers set one
 
     def __init__(
-        self, requests: RequestStore, journal: OutputJournal, cancels: CancelListener, request_id: str
+        self,
+        requests: RequestStore,
+        journal: OutputJournal,
+        cancels: CancelListener,
+        request_id: str,
+        runner: str = "",
+        resume: JournalPosition | None = None,
     ) -> None:
         self.requests = requests
         self.journal = journal
         self.cancels = cancels
         self.request_id = request_id
+        self.runner = runner
+        self.resume = resume
         self.output = LiveOutput(journal, request_id)
+        self.entry_id: str | None = None  # its entry in the run queue, once queued
+        self._bytes_to_skip = resume.num_bytes if resume else 0
+        self._is_handed_over = False
 
     async def _produce(self) -> dict:
         """Journals the output; returns the usage (with `last_sequence`). Raises ChorusError on failure."""
         raise NotImplementedError
 
+    def hand_over(self, task: asyncio.Task) -> None:
+        """Stops this process's production of the run (its `task`) without ending it: another continues it."""
+        self._is_handed_over = True
+        task.cancel()
+
     async def run(self) -> str:
-        """Runs to the end; returns the final status. Never raises for a failed request."""
+        """Runs to the end; returns the final status (or HANDED_OVER). Never raises for a failed request."""
         try:
             with self.cancels.watch(self.request_id) as cancel:
-                if not await self.requests.transition(self.request_id, RUNNING):
+                if self.resume is None and not await self.requests.transition(
+                    self.request_id, RUNNING, runner=self.runner
+                ):
                     return (await self.requests.get(self.request_id)).status  # cancelled before it started
                 return await self._run_watched(cancel)
+        except RunLost:
+            log.warning("request %s: another gateway process runs it now; stopped here", self.request_id)
+            return HANDED_OVER
         finally:
             self.output.close()
 
@@ -64,6 +100,8 @@ class JournaledRun:
                 return await self._end(CANCELLED, None, None)
             try:
                 usage = produce.result()
+            except RunLost:
+                raise
             except ChorusError as exc:
                 code, message = status_for(exc)
                 return await self._end(FAILED, {"code": code.name, "message": message}, None)
@@ -71,8 +109,11 @@ class JournaledRun:
                 log.exception("request %s failed", self.request_id)
                 return await self._end(FAILED, {"code": "INTERNAL", "message": "internal error"}, None)
             return await self._end(DONE, None, usage)
-        except asyncio.CancelledError:  # detached: no reader came back in time
+        except asyncio.CancelledError:
             produce.cancel()
+            if self._is_handed_over:
+                return HANDED_OVER
+            # detached: no reader came back in time
             await self._end(CANCELLED, {"code": "CANCELLED", "message": "the client went away"}, None)
             raise
         finally:
@@ -80,10 +121,17 @@ class JournaledRun:
             produce.cancel()
 
     async def _journal(self, sequence: int, data: bytes) -> int:
-        """Journals `data` as chunk `sequence` (nothing for empty data); returns the next sequence."""
+        """Journals `data` as chunk `sequence` (nothing for empty data); returns the next sequence. A run taken
+        over first drops the bytes the journal already holds, and numbers its chunks after them."""
+        if self._bytes_to_skip:
+            skipped = min(self._bytes_to_skip, len(data))
+            self._bytes_to_skip -= skipped
+            data = data[skipped:]
+        if self.resume is not None:
+            sequence = max(sequence, self.resume.num_chunks)
         if not data:
             return sequence
-        await self.journal.append(self.request_id, sequence, data)
+        await self.journal.append(self.request_id, sequence, data, self.runner)
         self.output.publish(JournalEntry(sequence, data))
         return sequence + 1
 
@@ -91,7 +139,11 @@ class JournaledRun:
         fields = {"error": error} if error else {}
         if usage:
             fields |= {"usage": usage, "last_sequence": usage["last_sequence"]}
-        with contextlib.suppress(ChorusError):  # Redis down: the record's TTL and readers' checks cover it
-            await self.requests.transition(self.request_id, status, **fields)
+        try:
+            await self.requests.transition(self.request_id, status, runner=self.runner, **fields)
             self.output.publish(await self.journal.finish(self.request_id, status, error=error, usage=usage))
+        except RunLost:
+            raise
+        except ChorusError:  # Redis down: the record's TTL and readers' checks cover it
+            pass
         return status

@@ -117,13 +117,14 @@ def create_app(ctx: GatewayContext) -> FastAPI:
 
     @app.get("/ready", tags=["operations"])
     async def ready() -> JSONResponse:
-        """Readiness: not draining, Redis answers and every backend has a healthy replica."""
+        """Readiness: not shutting down, Redis answers and every backend has a healthy replica."""
         try:
             is_redis_up = bool(await asyncio.wait_for(ctx.redis.ping(), timeout=1.0))
         except (*REDIS_ERRORS, TimeoutError):
             is_redis_up = False
-        is_ready = not ctx.is_draining and is_redis_up and ctx.backends.is_ready()
-        body = {"ready": is_ready, "draining": ctx.is_draining, "redis": is_redis_up, "backends": ctx.backends.status()}
+        is_draining = ctx.broker.is_draining
+        is_ready = is_redis_up and ctx.backends.is_ready() and not is_draining
+        body = {"ready": is_ready, "redis": is_redis_up, "backends": ctx.backends.status(), "draining": is_draining}
         return JSONResponse(body, status_code=200 if is_ready else 503)
 
     @app.get("/metrics", tags=["operations"], response_class=Response)

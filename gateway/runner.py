@@ -58,6 +58,20 @@ class RunRegistry:
     def is_running(self, request_id: str) -> bool:
         return request_id in self._tasks
 
+    def live_runs(self) -> list[JournaledRun]:
+        return list(self._runs.values())
+
+    def hand_over(self, request_id: str) -> None:
+        """Stops the run here without ending it (another process continues it); its readers here follow the
+        journal from then on."""
+        task, run = self._tasks.get(request_id), self._runs.get(request_id)
+        if task is not None and run is not None:
+            run.hand_over(task)
+
+    async def wait_for(self, request_ids) -> None:
+        tasks = [self._tasks[request_id] for request_id in request_ids if request_id in self._tasks]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     @contextlib.contextmanager
     def reading(self, request_id: str):
         """Marks a reader of `request_id` for the duration of the block."""

@@ -12,6 +12,7 @@ import uvicorn
 
 from chorus.gateway.config import GatewayConfig
 from chorus.gateway.context import GatewayContext
+from chorus.gateway.jobs import continue_run
 from chorus.gateway.public_api import ChorusServicer
 from chorus.gateway.rest import create_app
 from chorus.gateway.state.redis_url import redacted
@@ -45,8 +46,12 @@ class GatewayService(Service):
 
     async def start(self) -> None:
         self.context.backends.start()
+        self.context.broker.start(lambda entry: continue_run(self.context, entry))
         app = create_app(self.context)
-        self._rest = _EmbeddedUvicorn(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off"))
+        rest_config = uvicorn.Config(
+            app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=self.config.grace_s
+        )
+        self._rest = _EmbeddedUvicorn(rest_config)
         self._rest_task = asyncio.create_task(self._rest.serve(sockets=[self._rest_socket()]), name="rest")
         while not self._rest.started:
             if self._rest_task.done():
@@ -55,9 +60,6 @@ class GatewayService(Service):
         self.rest_port = self._rest.servers[0].sockets[0].getsockname()[1]
         log.info("REST API on http://%s:%d", self.config.rest_host, self.rest_port)
         log.info("request state in Redis at %s", redacted(self.config.redis_url))
-
-    def begin_drain(self) -> None:
-        self.context.is_draining = True
 
     def _rest_socket(self) -> socket.socket:
         """The REST listening socket, shared the way gRPC shares its port by default (SO_REUSEPORT): gateway
@@ -74,7 +76,13 @@ class GatewayService(Service):
             raise RuntimeError(f"REST server cannot listen on {host}:{port}: {exc}") from None
         return sock
 
+    async def drain(self) -> None:
+        """SIGTERM: take no new requests, and hand every live run to the other gateway processes (readers here
+        follow the runs' journals until they end or the grace period runs out)."""
+        await self.context.broker.hand_over()
+
     async def close(self) -> None:
+        await self.context.broker.close()
         if self._rest is not None:
             self._rest.should_exit = True
             await self._rest_task

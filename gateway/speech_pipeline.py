@@ -1,10 +1,13 @@
-"""One speech segment through the backends: talker stream → vocoder stream, chunk by chunk.
+"""One speech segment through the backends: talker stream → vocoder stream, chunk by chunk, surviving replicas.
 
-Codec chunks are forwarded to the vocoder as the talker makes them, and PCM is yielded as the
-vocoder decodes it, so the first audio leaves after the first frames, not after the segment.
-Both upstream calls belong to the segment: when the consumer stops (client gone, cancel, an
-error elsewhere) both are cancelled before this generator returns, which frees their slots.
-A `Final` carrying an error from either backend ends the segment with `Unavailable`.
+Codec chunks go on to the vocoder as the talker makes them, and PCM is yielded as the vocoder decodes it,
+so the first audio leaves after the first frames, not after the segment. The two streams meet in the
+segment's `FrameLog`, which keeps every frame: when a talker replica fails mid-stream, another one is sent
+the request plus the frames so far (`prefix_frames`) and continues with the frames an uninterrupted run
+would have made (sampling is a function of seed and frame index); when a vocoder replica fails, another one
+is primed with the frames whose audio was already yielded (`context_codes`) and decodes the rest, so the
+audio has no gap and no repeat (see `failover`). Both upstream calls belong to the segment: when the
+consumer stops (client gone, cancel, an error elsewhere) both are cancelled before this generator returns.
 
 Written against the contracts in protos/chorus/v1/{talker,vocoder}.proto.
 """
@@ -13,13 +16,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import grpc
 
+from chorus.gateway.failover import (
+    DEFAULT_POLICY,
+    FailoverPolicy,
+    Failovers,
+    ReplicaFailed,
+    ReplicaSource,
+    check_final_for_failover,
+    failure_of,
+    next_message,
+)
+from chorus.gateway.frame_log import FrameLog
 from chorus.runtime.errors import ChorusError, InvalidRequest, Overloaded, Unavailable
 from chorus.runtime.logs import REQUEST_ID_HEADER
-from chorus.v1 import common_pb2, talker_pb2, talker_pb2_grpc, vocoder_pb2, vocoder_pb2_grpc
+from chorus.v1 import common_pb2, talker_pb2, vocoder_pb2
+
+CODEC_FRAME_RATE_HZ = 12.5  # the Qwen3-TTS 12 Hz codec: sample rate / 12.5 samples per frame
 
 
 def check_final(final: common_pb2.Final, backend: str) -> None:
@@ -42,90 +59,195 @@ def upstream_error(exc: grpc.aio.AioRpcError, backend: str) -> ChorusError:
     return Unavailable(f"{backend} failed: {exc.code().name}: {exc.details()}")
 
 
-class SegmentResult:
-    """What a finished segment reports: the talker's Final (usage, reason)."""
+def _raise_for(exc: grpc.aio.AioRpcError, backend: str) -> None:
+    raise failure_of(exc, backend) or upstream_error(exc, backend) from None
 
-    def __init__(self) -> None:
-        self.talker_final: common_pb2.Final | None = None
+
+class _TextFeed:
+    """Streaming-text deltas, kept as sent so that a replacement talker stream gets them all again."""
+
+    def __init__(self, deltas: AsyncIterator[str] | None) -> None:
+        self._deltas = deltas
+        self._sent: list[str] = []
+
+    async def deltas(self) -> AsyncIterator[str]:
+        for delta in list(self._sent):
+            yield delta
+        if self._deltas is not None:
+            async for delta in self._deltas:
+                self._sent.append(delta)
+                yield delta
+
+
+class SegmentPipeline:
+    def __init__(
+        self,
+        source: ReplicaSource,
+        request: talker_pb2.SynthesisRequest,
+        policy: FailoverPolicy,
+        frames: FrameLog,
+        timeout_s: float | None,
+        text_deltas: AsyncIterator[str] | None,
+    ) -> None:
+        self.source = source
+        self.request = request
+        self.policy = policy
+        self.frames = frames
+        self.metadata = ((REQUEST_ID_HEADER, request.request_id),)
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.text = _TextFeed(text_deltas)
+
+    def _time_left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    # ---- talker side: frames into the log, on a replacement replica after a failure ----
+
+    async def run_talker(self) -> None:
+        failovers = Failovers("talker", self.request.request_id, self.source, self.policy)
+        try:
+            while not self.frames.is_finished:
+                replica = await self.source.acquire("talker", self.policy.replica_wait_s)
+                try:
+                    await self._talker_stream(replica)
+                except ReplicaFailed as error:
+                    failovers.record(replica, error)
+                finally:
+                    self.source.release(replica)
+        except BaseException as exc:
+            self.frames.fail(exc)
+            raise
+
+    async def _talker_stream(self, replica) -> None:
+        request = self.request
+        if self.frames.num_frames:  # a fail-over: the new replica continues after the frames made so far
+            request = talker_pb2.SynthesisRequest()
+            request.CopyFrom(self.request)
+            request.prefix_frames.CopyFrom(self.frames.chunk(0))
+        call = replica.stub.Synthesize(timeout=self._time_left(), metadata=self.metadata)
+        writer = asyncio.create_task(self._write_text(call, request), name=f"text-{request.request_id}")
+        try:
+            while (output := await next_message(aiter(call), replica, self.policy)) is not None:
+                if output.WhichOneof("output") == "chunk":
+                    await self.frames.append(output.chunk)
+                    continue
+                check_final_for_failover(output.final, "talker")
+                check_final(output.final, "talker")
+                await writer  # surfaces a bad delta stream (the talker ended on our half-close)
+                await self.frames.finish()
+                return
+            raise ReplicaFailed(f"talker {replica.target} ended the stream without a Final")
+        except grpc.aio.AioRpcError as exc:
+            _raise_for(exc, "talker")
+        finally:
+            writer.cancel()
+            call.cancel()
+
+    async def _write_text(self, call, request: talker_pb2.SynthesisRequest) -> None:
+        await call.write(talker_pb2.SynthesizeInput(request=request))
+        if request.streaming_text:
+            try:
+                async for delta in self.text.deltas():
+                    await call.write(talker_pb2.SynthesizeInput(text_delta=delta))
+            except ChorusError:
+                await call.done_writing()  # the talker ends with the text it has; `await writer` re-raises
+                raise
+            await call.write(talker_pb2.SynthesizeInput(end_of_input=True))
+        await call.done_writing()
+
+    # ---- vocoder side: PCM out, primed with the delivered frames after a failure ----
+
+    async def pcm(self) -> AsyncIterator[common_pb2.PcmChunk]:
+        failovers = Failovers("vocoder", self.request.request_id, self.source, self.policy)
+        num_frames_delivered = 0
+        while True:
+            replica = await self.source.acquire("vocoder", self.policy.replica_wait_s)
+            try:
+                async for pcm, num_frames in self._vocoder_stream(replica, num_frames_delivered):
+                    num_frames_delivered += num_frames
+                    yield pcm
+                return
+            except ReplicaFailed as error:
+                failovers.record(replica, error)
+            finally:
+                self.source.release(replica)
+
+    async def _vocoder_stream(self, replica, num_delivered: int) -> AsyncIterator[tuple[common_pb2.PcmChunk, int]]:
+        call = replica.stub.Decode(timeout=self._time_left(), metadata=self.metadata)
+        opening = vocoder_pb2.DecodeOpen(request_id=self.request.request_id, format=common_pb2.SAMPLE_FORMAT_PCM_F32LE)
+        if num_delivered:
+            opening.context_codes.CopyFrom(self.frames.chunk(0, num_delivered))
+        sender = asyncio.create_task(self._send_frames(call, opening, num_delivered))
+        try:
+            while True:
+                output = await self._next_or_sender_failure(call, replica, sender)
+                if output is None:
+                    raise ReplicaFailed(f"vocoder {replica.target} ended the stream without a Final")
+                if output.WhichOneof("output") == "pcm":
+                    num_samples = len(output.pcm.data) // (4 * max(1, output.pcm.num_channels))
+                    yield output.pcm, round(num_samples * CODEC_FRAME_RATE_HZ / output.pcm.sample_rate_hz)
+                    continue
+                check_final_for_failover(output.final, "vocoder")
+                check_final(output.final, "vocoder")
+                await sender
+                return
+        except grpc.aio.AioRpcError as exc:
+            _raise_for(exc, "vocoder")
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ChorusError, grpc.aio.AioRpcError):
+                await sender
+            call.cancel()
+
+    async def _next_or_sender_failure(self, call, replica, sender: asyncio.Task):
+        """The vocoder's next message; or the talker side's failure, which the sender raises while waiting."""
+        reading = asyncio.ensure_future(next_message(aiter(call), replica, self.policy))
+        done, _ = await asyncio.wait({reading, sender}, return_when=asyncio.FIRST_COMPLETED)
+        if reading not in done and sender.exception() is not None:
+            reading.cancel()
+            raise sender.exception()
+        return await reading
+
+    async def _send_frames(self, call, opening: vocoder_pb2.DecodeOpen, num_sent: int) -> None:
+        await call.write(vocoder_pb2.DecodeInput(open=opening))
+        sequence = 0
+        while True:
+            num_frames = await self.frames.wait_beyond(num_sent)
+            if num_frames > num_sent:
+                chunk = self.frames.chunk(num_sent, num_frames, sequence)
+                await call.write(vocoder_pb2.DecodeInput(chunk=chunk))
+                num_sent, sequence = num_frames, sequence + 1
+            elif self.frames.is_finished:
+                await call.write(vocoder_pb2.DecodeInput(end_of_input=True))
+                await call.done_writing()
+                return
 
 
 async def synthesize_segment(
-    talker: talker_pb2_grpc.TalkerStub,
-    vocoder: vocoder_pb2_grpc.VocoderStub,
+    source: ReplicaSource,
     request: talker_pb2.SynthesisRequest,
-    result: SegmentResult | None = None,
+    policy: FailoverPolicy = DEFAULT_POLICY,
+    frames: FrameLog | None = None,
     timeout_s: float | None = None,
     text_deltas: AsyncIterator[str] | None = None,
 ) -> AsyncIterator[common_pb2.PcmChunk]:
-    """PCM chunks for `request.text`, as soon as the vocoder makes them.
+    """PCM chunks for `request.text`, as soon as the vocoder makes them, whichever replicas fail meanwhile.
 
-    With `text_deltas` (and `request.streaming_text`), more text follows the request while audio
-    already streams back: each delta goes to the talker as it arrives, then `end_of_input`.
+    With `text_deltas` (and `request.streaming_text`), more text follows the request while audio already
+    streams back: each delta goes to the talker as it arrives, then `end_of_input`. `frames`: the segment's
+    frames so far (a run taken over from another gateway process), else a new log.
     """
-    metadata = ((REQUEST_ID_HEADER, request.request_id),)
-    talker_call = talker.Synthesize(timeout=timeout_s, metadata=metadata)
-    vocoder_call = vocoder.Decode(timeout=timeout_s, metadata=metadata)
-    result = result or SegmentResult()
-
-    async def forward_codes() -> None:
-        """Talker → vocoder; runs beside the PCM reader so decoding overlaps generation."""
-        writer = asyncio.create_task(write_text(), name=f"text-{request.request_id}")
-        try:
-            async for output in talker_call:
-                if output.WhichOneof("output") == "chunk":
-                    await vocoder_call.write(vocoder_pb2.DecodeInput(chunk=output.chunk))
-                else:
-                    check_final(output.final, "talker")
-                    result.talker_final = output.final
-            await writer  # surfaces a bad delta stream (the talker ended on our half-close)
-            await vocoder_call.write(vocoder_pb2.DecodeInput(end_of_input=True))
-            await vocoder_call.done_writing()
-        except grpc.aio.AioRpcError as exc:
-            raise upstream_error(exc, "talker") from None
-        finally:
-            writer.cancel()
-
-    async def write_text() -> None:
-        await talker_call.write(talker_pb2.SynthesizeInput(request=request))
-        if text_deltas is not None:
-            try:
-                async for delta in text_deltas:
-                    await talker_call.write(talker_pb2.SynthesizeInput(text_delta=delta))
-            except ChorusError:
-                await talker_call.done_writing()  # the talker ends with the text it has; `await writer` re-raises
-                raise
-            await talker_call.write(talker_pb2.SynthesizeInput(end_of_input=True))
-        await talker_call.done_writing()
-
-    forwarder: asyncio.Task | None = None
+    pipeline = SegmentPipeline(source, request, policy, frames or FrameLog(), timeout_s, text_deltas)
+    talker = None
+    if not pipeline.frames.is_finished:
+        talker = asyncio.create_task(pipeline.run_talker(), name=f"talker-{request.request_id}")
     try:
-        open_message = vocoder_pb2.DecodeOpen(request_id=request.request_id, format=common_pb2.SAMPLE_FORMAT_PCM_F32LE)
-        await vocoder_call.write(vocoder_pb2.DecodeInput(open=open_message))
-        forwarder = asyncio.create_task(forward_codes(), name=f"codes-{request.request_id}")
-        reader = aiter(vocoder_call)
-        while True:
-            next_output = asyncio.ensure_future(anext(reader, None))
-            # Whichever ends first: the next PCM chunk, or the forwarder failing (talker error).
-            done, _ = await asyncio.wait({next_output, forwarder}, return_when=asyncio.FIRST_COMPLETED)
-            if forwarder in done and forwarder.exception() is not None:
-                next_output.cancel()
-                raise forwarder.exception()
-            try:
-                output = await next_output
-            except grpc.aio.AioRpcError as exc:
-                raise upstream_error(exc, "vocoder") from None
-            if output is None:
-                raise Unavailable("vocoder ended the stream without a Final")
-            if output.WhichOneof("output") == "pcm":
-                yield output.pcm
-                continue
-            check_final(output.final, "vocoder")
-            await forwarder  # the talker's Final was read before the vocoder could finish
-            return
+        async with contextlib.aclosing(pipeline.pcm()) as chunks:
+            async for pcm in chunks:
+                yield pcm
+        if talker is not None:
+            await talker
     finally:
-        if forwarder is not None:
-            forwarder.cancel()
+        if talker is not None:
+            talker.cancel()
             with contextlib.suppress(asyncio.CancelledError, ChorusError):
-                await forwarder
-        talker_call.cancel()
-        vocoder_call.cancel()
+                await talker

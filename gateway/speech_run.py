@@ -2,7 +2,9 @@
 
 The run's lifecycle (record, cancel, end marker) is `JournaledRun`'s; `RunRegistry` keeps it
 alive while readers follow its output, and tells its `OutputLead` how far they got: the run
-pauses while it is `max_lead_s` of audio ahead of them.
+pauses while it is `max_lead_s` of audio ahead of them. Each segment's codec frames are kept in a
+`FrameLog` (what a backend fail-over continues from) and journaled in Redis (what another gateway
+process continues from when it takes the run over: `frames`, one per segment).
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from chorus.gateway.audio import StreamingEncoder
-from chorus.gateway.journaled_run import JournaledRun
+from chorus.gateway.frame_log import FrameLog
+from chorus.gateway.journaled_run import JournaledRun, JournalPosition
 from chorus.gateway.metrics import REAL_TIME_FACTOR, TIME_TO_FIRST_AUDIO_S
 from chorus.gateway.ordered import ordered_concurrent
 from chorus.gateway.output_lead import OutputLead
 from chorus.gateway.segmenter import split_segments
 from chorus.gateway.state.cancel import CancelListener
+from chorus.gateway.state.frames import FrameJournal, SegmentFrames
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import RequestStore
 from chorus.v1 import common_pb2, talker_pb2
@@ -24,8 +28,8 @@ from chorus.wire import chunk_to_pcm
 
 _DEFAULT_RATE_HZ = 24_000  # Qwen3-TTS output rate, for the header of an empty result
 
-# (segment request) → PCM chunks; in production `synthesize_segment` bound to picked replicas.
-SegmentSource = Callable[[talker_pb2.SynthesisRequest], AsyncIterator[common_pb2.PcmChunk]]
+# (segment request, its frames) → PCM chunks; in production `synthesize_segment` bound to the backend pool.
+SegmentSource = Callable[[talker_pb2.SynthesisRequest, FrameLog], AsyncIterator[common_pb2.PcmChunk]]
 
 
 def segment_requests(
@@ -42,6 +46,21 @@ def segment_requests(
     return requests
 
 
+class _SegmentSink:
+    """A segment's frames into the run's frame journal."""
+
+    def __init__(self, journal: FrameJournal, request_id: str, segment: int) -> None:
+        self.journal = journal
+        self.request_id = request_id
+        self.segment = segment
+
+    async def frames(self, offset: int, codes: bytes) -> None:
+        await self.journal.append(self.request_id, self.segment, offset, codes)
+
+    async def finished(self, num_frames: int) -> None:
+        await self.journal.finish(self.request_id, self.segment, num_frames)
+
+
 class SpeechRun(JournaledRun):
     def __init__(
         self,
@@ -54,26 +73,42 @@ class SpeechRun(JournaledRun):
         response_format: str,
         speed: float = 1.0,
         max_concurrent_segments: int = 2,
-        max_lead_s: float = 30.0,
+        max_lead_s: float | None = 30.0,
+        frame_journal: FrameJournal | None = None,
+        runner: str = "",
+        resume: JournalPosition | None = None,
+        frames: list[SegmentFrames] | None = None,
     ) -> None:
-        super().__init__(requests, journal, cancels, request_id)
+        """`max_lead_s` None: no bound (a run taken over has no reader here to wait for); `frames`: what the
+        frame journal holds of each segment, for a run taken over."""
+        super().__init__(requests, journal, cancels, request_id, runner, resume)
         self.segments = segments
         self.source = source
         self.response_format = response_format
         self.speed = speed
         self.max_concurrent_segments = max_concurrent_segments
         self.time_to_first_audio_s: float | None = None
-        self.lead = OutputLead(max_lead_s)
+        self.lead = OutputLead(max_lead_s) if max_lead_s is not None else None
+        frames = frames or [SegmentFrames() for _ in segments]
+        self.frame_logs = [
+            FrameLog(kept.codes, kept.is_finished, frame_journal and _SegmentSink(frame_journal, request_id, index))
+            for index, kept in enumerate(frames)
+        ]
 
     async def _produce(self) -> dict:
         started = time.monotonic()
         encoder: StreamingEncoder | None = None
         is_flushed = False
         sequence, num_samples, sample_rate_hz = 0, 0, 0
-        chunks = ordered_concurrent(self.segments, self.source, self.max_concurrent_segments)
+        chunks = ordered_concurrent(
+            range(len(self.segments)),
+            lambda index: self.source(self.segments[index], self.frame_logs[index]),
+            self.max_concurrent_segments,
+        )
         try:
             while True:
-                await self.lead.wait_for_room()  # a slow reader: stop pulling from the backends
+                if self.lead is not None:
+                    await self.lead.wait_for_room()  # a slow reader: stop pulling from the backends
                 pcm = await anext(chunks, None)
                 if pcm is None:
                     break
@@ -83,9 +118,10 @@ class SpeechRun(JournaledRun):
                     encoder = StreamingEncoder(self.response_format, sample_rate_hz, samples.shape[1], self.speed)
                 num_samples += samples.shape[0]
                 data = encoder.encode(samples)
-                if data:
+                next_sequence = await self._journal(sequence, data)
+                if self.lead is not None and next_sequence > sequence:
                     self.lead.journaled(sequence, num_samples / sample_rate_hz)
-                sequence = await self._journal(sequence, data)
+                sequence = next_sequence
                 if self.time_to_first_audio_s is None and sequence > 0:
                     self.time_to_first_audio_s = time.monotonic() - started
                     TIME_TO_FIRST_AUDIO_S.labels("speech").observe(self.time_to_first_audio_s)

@@ -6,8 +6,8 @@ so a service only registers its servicer and says how to start and close. Lifecy
 
 1. start: bind gRPC + metrics → `service.start()` (load, warm up) → health SERVING.
 2. wait for SIGTERM / SIGINT (a second signal exits at once).
-3. stop: `service.begin_drain()`, health NOT_SERVING → stop accepting calls, let in-flight ones finish
-   within `grace_s`, cancel the rest → `service.close()` → exit 0.
+3. stop: health NOT_SERVING → stop accepting calls, let in-flight ones finish within `grace_s`,
+   cancel the rest → `service.close()` → exit 0.
 """
 
 from __future__ import annotations
@@ -48,9 +48,8 @@ class Service(abc.ABC):
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Loads models and warms up; health turns SERVING when this returns."""
 
-    def begin_drain(self) -> None:  # noqa: B027 - optional hook
-        """Called once as the drain starts, with health: what the service reports beside gRPC health (the
-        gateway's REST /ready) turns not-ready here too."""
+    async def drain(self) -> None:  # noqa: B027 - optional hook
+        """Stopping: called once health says NOT_SERVING, before in-flight calls get their grace period."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Frees resources once no call is running."""
@@ -100,8 +99,8 @@ class ServiceHost:
 
     async def stop(self) -> None:
         log.info("%s draining (grace %.1f s)", self.service.name, self.config.grace_s)
-        self.service.begin_drain()
         await self._set_serving(False)
+        await self.service.drain()
         await self.server.stop(self.config.grace_s)
         await self.service.close()
         log.info("%s stopped", self.service.name)

@@ -56,7 +56,7 @@ class VoiceClone(_message.Message):
     def __init__(self, speaker_embedding: _Optional[_Iterable[float]] = ..., reference_audio: _Optional[bytes] = ..., reference_codes: _Optional[_Union[_common_pb2.CodecChunk, _Mapping]] = ..., reference_text: _Optional[str] = ..., x_vector_only: bool = ...) -> None: ...
 
 class SynthesisRequest(_message.Message):
-    __slots__ = ("request_id", "text", "task_type", "speaker", "language", "instructions", "voice_clone", "sampling", "seed", "max_frames", "chunk_frames", "streaming_text", "ignore_eos")
+    __slots__ = ("request_id", "text", "task_type", "speaker", "language", "instructions", "voice_clone", "sampling", "seed", "max_frames", "chunk_frames", "streaming_text", "ignore_eos", "prefix_frames")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class SynthesisRequest(_message.Message):
     CHUNK_FRAMES_FIELD_NUMBER: _ClassVar[int]
     STREAMING_TEXT_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FRAMES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     task_type: TaskType
@@ -83,7 +84,8 @@ class SynthesisRequest(_message.Message):
     chunk_frames: int
     streaming_text: bool
     ignore_eos: bool
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., task_type: _Optional[_Union[TaskType, str]] = ..., speaker: _Optional[str] = ..., language: _Optional[str] = ..., instructions: _Optional[str] = ..., voice_clone: _Optional[_Union[VoiceClone, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., max_frames: _Optional[int] = ..., chunk_frames: _Optional[int] = ..., streaming_text: bool = ..., ignore_eos: bool = ...) -> None: ...
+    prefix_frames: _common_pb2.CodecChunk
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., task_type: _Optional[_Union[TaskType, str]] = ..., speaker: _Optional[str] = ..., language: _Optional[str] = ..., instructions: _Optional[str] = ..., voice_clone: _Optional[_Union[VoiceClone, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., max_frames: _Optional[int] = ..., chunk_frames: _Optional[int] = ..., streaming_text: bool = ..., ignore_eos: bool = ..., prefix_frames: _Optional[_Union[_common_pb2.CodecChunk, _Mapping]] = ...) -> None: ...
 
 class SynthesizeInput(_message.Message):
     __slots__ = ("request", "text_delta", "end_of_input")

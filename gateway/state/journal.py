@@ -19,10 +19,19 @@ import redis.asyncio as redis
 
 from chorus.gateway.state import keys
 from chorus.gateway.state.connection import redis_guard
-from chorus.gateway.state.requests import TERMINAL, RequestStore
+from chorus.gateway.state.requests import TERMINAL, RequestStore, RunLost
 from chorus.runtime.errors import NotFound
 
 _END_SEQUENCE = 2**63 - 2  # id of the end marker: after every chunk
+
+# KEYS[1] record, KEYS[2] journal. ARGV: runner ("" = any), stream id, max entries, data, ttl_s (0: keep the
+# TTL). Appends unless another runner owns the request now; returns 1 if appended.
+_FENCED_APPEND = """
+if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'runner') ~= ARGV[1] then return 0 end
+redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[3], ARGV[2], 'data', ARGV[4])
+if ARGV[5] ~= '0' then redis.call('EXPIRE', KEYS[2], ARGV[5]) end
+return 1
+"""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -55,18 +64,26 @@ class OutputJournal:
         self.requests = requests
         self.max_entries = max_entries
         self.block_ms = block_ms
+        self._append = client.register_script(_FENCED_APPEND)
 
-    async def append(self, request_id: str, sequence: int, data: bytes) -> None:
-        key = keys.journal(request_id)
-        entry = {"data": data}
+    async def append(self, request_id: str, sequence: int, data: bytes, runner: str = "") -> None:
+        """Journals chunk `sequence`; with `runner`, only while that runner owns the request (else `RunLost`).
+        The stream's TTL is set with the first chunk."""
+        ttl_s = self.requests.ttl_s if sequence == 0 else 0
+        args = [runner, _stream_id(sequence), self.max_entries, data, ttl_s]
         with redis_guard("journaling output"):
-            if sequence > 0:  # the hot path: one command, no pipeline
-                await self.client.xadd(key, entry, id=_stream_id(sequence), maxlen=self.max_entries, approximate=False)
-                return
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.xadd(key, entry, id=_stream_id(sequence), maxlen=self.max_entries, approximate=False)
-                pipe.expire(key, self.requests.ttl_s)
-                await pipe.execute()
+            appended = await self._append(keys=[keys.record(request_id), keys.journal(request_id)], args=args)
+        if not appended:
+            raise RunLost(f"request {request_id!r} is run by another gateway process now")
+
+    async def position(self, request_id: str) -> tuple[int, int]:
+        """(chunks, bytes) journaled so far: where a run taken over continues its output."""
+        with redis_guard("reading the output journal"):
+            entries = await self.client.xrange(keys.journal(request_id))
+        chunks = [_entry(stream_id, fields) for stream_id, fields in entries if b"data" in fields]
+        if chunks and chunks[0].sequence != 0:
+            raise JournalTrimmed(f"request {request_id!r}: its journal was trimmed; it cannot be continued")
+        return len(chunks), sum(len(chunk.data) for chunk in chunks)
 
     async def finish(
         self, request_id: str, status: str, error: dict | None = None, usage: dict | None = None

@@ -13,6 +13,16 @@ def journal(request_id: str) -> str:
     return f"{PREFIX}:{{req:{request_id}}}:journal"
 
 
+def frames(request_id: str) -> str:
+    """The codec frames a speech run's talker made, per segment: what a takeover continues from."""
+    return f"{PREFIX}:{{req:{request_id}}}:frames"
+
+
+def runs() -> str:
+    """The stream of runs in progress (consumer group: every gateway process)."""
+    return f"{PREFIX}:runs"
+
+
 def cancel_channel(request_id: str) -> str:
     return f"{PREFIX}:{{req:{request_id}}}:cancel"
 

@@ -16,28 +16,39 @@ import redis.asyncio as redis
 
 from chorus.gateway.state import keys
 from chorus.gateway.state.connection import redis_guard
-from chorus.runtime.errors import NotFound
+from chorus.runtime.errors import ChorusError, NotFound
 
 QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
 TERMINAL = (DONE, FAILED, CANCELLED)
 _NEXT = {QUEUED: (RUNNING, FAILED, CANCELLED), RUNNING: (DONE, FAILED, CANCELLED)}
 
-# KEYS[1] record. ARGV: new status, ttl_s, timestamp field (or ""), now_s, n allowed current statuses,
-# those n statuses, then field/value pairs written with the move. Returns {moved 0/1, status before}.
+# KEYS[1] record. ARGV: new status, ttl_s, timestamp field (or ""), now_s, runner ("" = any), n allowed current
+# statuses, those n statuses, then field/value pairs written with the move.
+# Returns {moved 0/1, status before}; {-1, ''} without a record, {-2, ''} when another runner owns it.
 _TRANSITION = """
 local current = redis.call('HGET', KEYS[1], 'status')
 if not current then return {-1, ''} end
-local num_from = tonumber(ARGV[5])
-for i = 6, 5 + num_from do
+if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'runner') ~= ARGV[5] then return {-2, ''} end
+local num_from = tonumber(ARGV[6])
+for i = 7, 6 + num_from do
   if current == ARGV[i] then
     redis.call('HSET', KEYS[1], 'status', ARGV[1])
     if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], ARGV[3], ARGV[4]) end
-    for j = 6 + num_from, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[j], ARGV[j + 1]) end
+    for j = 7 + num_from, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[j], ARGV[j + 1]) end
     redis.call('EXPIRE', KEYS[1], ARGV[2])
     return {1, current}
   end
 end
 return {0, current}
+"""
+
+# KEYS[1] record. ARGV[1]: runner. Makes ARGV[1] the runner of a request that has not ended; returns its status
+# (nil without a record).
+_TAKE = """
+local current = redis.call('HGET', KEYS[1], 'status')
+if not current then return false end
+if current == 'queued' or current == 'running' then redis.call('HSET', KEYS[1], 'runner', ARGV[1]) end
+return current
 """
 
 # KEYS[1] record. Marks the cancel flag; a queued request is cancelled on the spot (nobody runs it
@@ -106,6 +117,10 @@ class RequestRecord:
         )
 
 
+class RunLost(ChorusError):
+    """Another gateway process took this run over (this one was presumed dead): stop without a trace."""
+
+
 class RequestStore:
     def __init__(self, client: redis.Redis, ttl_s: int = 3600) -> None:
         self.client = client
@@ -113,6 +128,7 @@ class RequestStore:
         self._transition = client.register_script(_TRANSITION)
         self._cancel = client.register_script(_CANCEL)
         self._claim = client.register_script(_CLAIM)
+        self._take = client.register_script(_TAKE)
 
     @staticmethod
     def new_id() -> str:
@@ -126,6 +142,7 @@ class RequestStore:
         owner: str = "",
         response_format: str = "",
         request_id: str | None = None,
+        runner: str = "",
     ) -> RequestRecord:
         record = RequestRecord(
             request_id=request_id or self.new_id(),
@@ -139,6 +156,8 @@ class RequestStore:
         )
         names = ("request_id", "kind", "status", "model", "voice", "owner", "response_format")
         fields = {name: getattr(record, name) for name in names} | {"created_at_s": repr(record.created_at_s)}
+        if runner:
+            fields["runner"] = runner
         key = keys.record(record.request_id)
         with redis_guard("creating a request"):
             async with self.client.pipeline(transaction=True) as pipe:
@@ -152,10 +171,11 @@ class RequestStore:
             raise NotFound(f"request {request_id!r} not found (unknown or expired)")
         return RequestRecord.from_hash(fields)
 
-    async def transition(self, request_id: str, status: str, **fields: object) -> bool:
+    async def transition(self, request_id: str, status: str, runner: str = "", **fields: object) -> bool:
         """Moves the request to `status` if its current status allows it; False if another move won.
 
-        `fields` (usage, error: dicts; last_sequence: int) are written in the same atomic step.
+        `fields` (usage, error: dicts; last_sequence: int) are written in the same atomic step. With `runner`,
+        only while that runner owns the request (else `RunLost`).
         """
         allowed_from = [before for before, after in _NEXT.items() if status in after]
         assert allowed_from, f"no transition leads to {status!r}"
@@ -163,19 +183,27 @@ class RequestStore:
         pairs = []
         for name, value in fields.items():
             pairs += [name, json.dumps(value) if isinstance(value, dict) else str(value)]
-        args = [status, self.ttl_s, timestamp_field, repr(time.time()), len(allowed_from), *allowed_from, *pairs]
+        args = [status, self.ttl_s, timestamp_field, repr(time.time()), runner, len(allowed_from), *allowed_from]
         with redis_guard("updating a request"):
-            moved, _ = await self._transition(keys=[keys.record(request_id)], args=args)
+            moved, _ = await self._transition(keys=[keys.record(request_id)], args=[*args, *pairs])
         if moved == -1:
             raise NotFound(f"request {request_id!r} not found (unknown or expired)")
+        if moved == -2:
+            raise RunLost(f"request {request_id!r} is run by another gateway process now")
         return moved == 1
 
-    async def set_progress(self, request_id: str, step: int, num_steps: int) -> None:
-        """Records how far a multi-step run is (read by status and progress-event readers)."""
+    async def set_progress(self, request_id: str, step: int, num_steps: int, restarts: int = 0) -> None:
+        """Records how far a multi-step run is (read by status and progress-event readers); `restarts`: times
+        it started again from step 0 on another replica."""
+        progress = {"step": step, "num_steps": num_steps} | ({"restarts": restarts} if restarts else {})
         with redis_guard("recording progress"):
-            await self.client.hset(
-                keys.record(request_id), "progress", json.dumps({"step": step, "num_steps": num_steps})
-            )
+            await self.client.hset(keys.record(request_id), "progress", json.dumps(progress))
+
+    async def take(self, request_id: str, runner: str) -> str | None:
+        """Makes `runner` the one running the request, unless it ended; its status (None: expired)."""
+        with redis_guard("taking a run over"):
+            status = await self._take(keys=[keys.record(request_id)], args=[runner])
+        return status.decode() if status is not None else None
 
     async def request_cancel(self, request_id: str) -> str:
         """Asks for the request to stop, wherever it runs; returns its status after the call."""

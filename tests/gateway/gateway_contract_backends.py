@@ -112,6 +112,32 @@ class ContractVocoder(vocoder_pb2_grpc.VocoderServicer):
                 self.num_cancelled += 1
 
 
+class FixedReplica:
+    def __init__(self, target: str, stub) -> None:
+        self.target = target
+        self.stub = stub
+        self.num_failed = 0
+
+    async def probe(self, timeout_s: float) -> bool:
+        return True
+
+
+class FixedReplicas:
+    """A `ReplicaSource` of one replica per backend (the doubles), counting fail-overs."""
+
+    def __init__(self, talker_stub, vocoder_stub) -> None:
+        self.replicas = {"talker": FixedReplica("talker", talker_stub), "vocoder": FixedReplica("vocoder", vocoder_stub)}
+
+    async def acquire(self, kind: str, wait_s: float) -> FixedReplica:
+        return self.replicas[kind]
+
+    def release(self, replica: FixedReplica) -> None:
+        pass
+
+    def failed(self, replica: FixedReplica) -> None:
+        replica.num_failed += 1
+
+
 def expected_samples(texts: list[str], frames_per_char: int = 1) -> np.ndarray:
     """What the doubles decode for these segments, in order."""
     parts = []

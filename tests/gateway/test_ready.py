@@ -86,8 +86,8 @@ async def test_ready_is_false_when_redis_is_down():
 
 
 async def test_ready_turns_false_when_the_drain_begins(start_gateway, redis_url):
-    """On SIGTERM the host calls `begin_drain` (tests/runtime/test_host.py): from then on /ready is 503, so a
-    readiness probe takes the draining gateway out of rotation while its in-flight work finishes."""
+    """On SIGTERM the host calls the gateway's `drain` (tests/runtime/test_host.py): from then on /ready is 503,
+    so a readiness probe takes the draining gateway out of rotation while its in-flight work finishes."""
     backend, health_servicer = grpc.aio.server(), health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, backend)
     target = (f"127.0.0.1:{backend.add_insecure_port('127.0.0.1:0')}",)  # one stand-in for every backend
@@ -102,7 +102,7 @@ async def test_ready_turns_false_when_the_drain_begins(start_gateway, redis_url)
 
         await wait_for(is_ready)
         assert (await client.get("/ready")).json()["draining"] is False
-        gateway.begin_drain()
+        await gateway.drain()
         reply = await client.get("/ready")
         assert reply.status_code == 503
         assert reply.json()["draining"] is True and reply.json()["redis"] is True

@@ -17,6 +17,7 @@ from gateway_contract_backends import (
     SAMPLES_PER_FRAME,
     ContractTalker,
     ContractVocoder,
+    FixedReplicas,
     expected_samples,
 )
 from prometheus_client import REGISTRY
@@ -71,7 +72,7 @@ async def wait_until(predicate, timeout_s: float = 1.0) -> None:
 async def test_first_audio_leaves_before_the_talker_finishes(backends):
     talker, _, (talker_stub, vocoder_stub) = backends
     talker.gate = asyncio.Event()
-    stream = synthesize_segment(talker_stub, vocoder_stub, request("Hello world."))
+    stream = synthesize_segment(FixedReplicas(talker_stub, vocoder_stub), request("Hello world."))
     first = await asyncio.wait_for(anext(stream), timeout=2)  # the talker is still held at its gate
     assert len(first.data) == 2 * SAMPLES_PER_FRAME * 4 and first.format == common_pb2.SAMPLE_FORMAT_PCM_F32LE
     talker.gate.set()
@@ -83,16 +84,16 @@ async def test_first_audio_leaves_before_the_talker_finishes(backends):
 async def test_backend_errors_end_the_segment_with_typed_errors(backends):
     talker, _, (talker_stub, vocoder_stub) = backends
     with pytest.raises(InvalidRequest, match="text"):
-        _ = [c async for c in synthesize_segment(talker_stub, vocoder_stub, request("   "))]
+        _ = [c async for c in synthesize_segment(FixedReplicas(talker_stub, vocoder_stub), request("   "))]
     talker.fail_with = common_pb2.Error(code="INTERNAL", message="CUDA out of memory")
     with pytest.raises(Unavailable, match="out of memory"):
-        _ = [c async for c in synthesize_segment(talker_stub, vocoder_stub, request("Hello."))]
+        _ = [c async for c in synthesize_segment(FixedReplicas(talker_stub, vocoder_stub), request("Hello."))]
 
 
 async def test_stopping_the_consumer_cancels_both_upstream_calls(backends):
     talker, vocoder, (talker_stub, vocoder_stub) = backends
     talker.gate = asyncio.Event()
-    stream = synthesize_segment(talker_stub, vocoder_stub, request("A long sentence that keeps going."))
+    stream = synthesize_segment(FixedReplicas(talker_stub, vocoder_stub), request("A long sentence that keeps going."))
     await anext(stream)
     await stream.aclose()  # the client went away
     await wait_until(lambda: talker.num_cancelled == 1 and vocoder.num_cancelled == 1)
@@ -107,8 +108,8 @@ async def test_run_journals_segments_in_order_and_finishes_done(backends, state)
     segments = segment_requests(record.request_id, request(""), text, max_segment_chars=24)
     assert len(segments) >= 3
 
-    def source(segment):
-        return synthesize_segment(talker_stub, vocoder_stub, segment)
+    def source(segment, frames):
+        return synthesize_segment(FixedReplicas(talker_stub, vocoder_stub), segment, frames=frames)
 
     run = SpeechRun(requests, journal, cancels, record.request_id, segments, source, "wav", max_concurrent_segments=2)
     assert await run.run() == DONE
@@ -136,7 +137,7 @@ async def test_cancel_from_another_replica_stops_the_run_and_its_calls(backends,
         cancels,
         record.request_id,
         segments,
-        lambda s: synthesize_segment(talker_stub, vocoder_stub, s),
+        lambda s, frames: synthesize_segment(FixedReplicas(talker_stub, vocoder_stub), s, frames=frames),
         "mp3",
     )
     task = asyncio.create_task(run.run())
@@ -165,7 +166,7 @@ async def test_failed_segment_fails_the_request_with_its_message(backends, state
         cancels,
         record.request_id,
         segments,
-        lambda s: synthesize_segment(talker_stub, vocoder_stub, s),
+        lambda s, frames: synthesize_segment(FixedReplicas(talker_stub, vocoder_stub), s, frames=frames),
         "pcm",
     )
     assert await run.run() == FAILED
@@ -186,7 +187,7 @@ async def test_runner_cancels_a_run_without_readers_after_the_grace(backends, st
         cancels,
         record.request_id,
         segments,
-        lambda s: synthesize_segment(talker_stub, vocoder_stub, s),
+        lambda s, frames: synthesize_segment(FixedReplicas(talker_stub, vocoder_stub), s, frames=frames),
         "mp3",
     )
     task = runner.start(run)

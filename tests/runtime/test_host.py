@@ -57,7 +57,7 @@ class TickerService(Service):
     async def start(self):
         await self.warm.wait()
 
-    def begin_drain(self):
+    async def drain(self):
         self.num_drains += 1
 
     async def close(self):
@@ -98,9 +98,9 @@ async def test_health_is_not_serving_until_warm_then_serving_then_not_serving_on
         assert (await watch.read()).status == SERVING
         stopping = asyncio.create_task(host.stop())
         assert (await watch.read()).status == NOT_SERVING
-        assert service.num_drains == 1, "the service heard of the drain no later than health did"
         watch.cancel()
         await stopping
+        assert service.num_drains == 1, "the service was told of the drain (the gateway's /ready turns 503)"
 
 
 async def test_reflection_lists_the_services(host):

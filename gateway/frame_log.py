@@ -1,0 +1,79 @@
+"""One speech segment's codec frames as the talker makes them, kept whole for exact fail-over.
+
+The talker side appends chunks; the vocoder side waits for frames past what it sent. Because every
+frame stays here (4 KiB per 10 s of audio), a replacement talker is sent all of them and continues
+after them, and a replacement vocoder is primed with those whose audio was already delivered, so a
+replica dying mid-stream changes nothing in the output. A run taken over by another gateway
+process starts from the frames its journal holds (`initial`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from chorus.v1 import common_pb2
+
+NUM_CODEBOOKS = 16  # the Qwen3-TTS 12 Hz codec
+FRAME_BYTES = 2 * NUM_CODEBOOKS  # int16 codes, frame-major
+
+
+class FrameSink(Protocol):
+    """Where a log's frames are journaled as they come (the run's frame journal in Redis)."""
+
+    async def frames(self, offset: int, codes: bytes) -> None: ...
+
+    async def finished(self, num_frames: int) -> None: ...
+
+
+class FrameLog:
+    def __init__(self, initial: bytes = b"", is_finished: bool = False, sink: FrameSink | None = None) -> None:
+        self._codes = bytearray(initial)
+        self.is_finished = is_finished  # the talker said its Final: no more frames
+        self.error: BaseException | None = None
+        self.sink = sink
+        self._changed = asyncio.Event()
+
+    @property
+    def num_frames(self) -> int:
+        return len(self._codes) // FRAME_BYTES
+
+    async def append(self, chunk: common_pb2.CodecChunk) -> None:
+        offset = self.num_frames
+        self._codes += chunk.codes
+        self._changed.set()
+        if self.sink is not None:
+            await self.sink.frames(offset, chunk.codes)
+
+    async def finish(self) -> None:
+        self.is_finished = True
+        self._changed.set()
+        if self.sink is not None:
+            await self.sink.finished(self.num_frames)
+
+    def fail(self, error: BaseException) -> None:
+        """The talker side gave up: waiters raise `error`."""
+        self.error = error
+        self._changed.set()
+
+    def chunk(self, start: int, stop: int | None = None, sequence: int = 0) -> common_pb2.CodecChunk:
+        """Frames `[start, stop)` as one CodecChunk."""
+        stop = self.num_frames if stop is None else stop
+        return common_pb2.CodecChunk(
+            codes=bytes(self._codes[start * FRAME_BYTES : stop * FRAME_BYTES]),
+            num_frames=stop - start,
+            num_codebooks=NUM_CODEBOOKS,
+            sequence=sequence,
+            frame_offset=start,
+        )
+
+    async def wait_beyond(self, num_frames: int) -> int:
+        """Waits until more than `num_frames` frames are here or the talker finished; returns the count.
+        Raises the talker side's error."""
+        while True:
+            if self.error is not None:
+                raise self.error
+            if self.num_frames > num_frames or self.is_finished:
+                return self.num_frames
+            self._changed.clear()
+            await self._changed.wait()

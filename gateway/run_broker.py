@@ -1,0 +1,122 @@
+"""This gateway process's share of the runs: it owns the runs it admitted, keeps them leased, takes over
+runs whose owner died, and hands its own over when it stops.
+
+Every run this process starts is queued in Redis as owned by it (`RunQueue.enqueue_owned`). A loop renews
+the leases every `lease_s / 4` and, unless the process is draining, reclaims runs idle past the lease from
+any dead or hung process, continuing each from its journal (`continue_run`). A run this process lost (it
+was presumed dead while stopped, and another process took it) is stopped here without a trace. On SIGTERM
+(`hand_over`) the process stops its runs' production, marks their entries free for the taking, and its
+readers follow the runs' journals while other processes continue them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from chorus.gateway.journaled_run import HANDED_OVER, JournaledRun
+from chorus.gateway.runner import RunRegistry
+from chorus.gateway.state.connection import REDIS_ERRORS
+from chorus.gateway.state.runs import RunEntry, RunQueue
+from chorus.runtime.errors import ChorusError
+
+log = logging.getLogger("chorus.gateway.broker")
+
+ContinueRun = Callable[[RunEntry], Awaitable[JournaledRun | None]]
+
+
+class RunBroker:
+    def __init__(self, queue: RunQueue, runs: RunRegistry, lease_s: float) -> None:
+        self.queue = queue
+        self.runs = runs
+        self.lease_s = lease_s
+        self.is_draining = False
+        self.num_taken_over = 0
+        self._loop: asyncio.Task | None = None
+
+    @property
+    def runner(self) -> str:
+        return self.queue.consumer
+
+    async def start_run(
+        self, run: JournaledRun, spec: bytes, slot: contextlib.AsyncExitStack | None, is_detachable: bool
+    ) -> None:
+        """Queues `run` as this process's and starts it; its entry is done when the run ends here."""
+        run.entry_id = await self.queue.enqueue_owned(run.request_id, spec)
+        self._start(run, slot, is_detachable)
+
+    def _start(self, run: JournaledRun, slot: contextlib.AsyncExitStack | None, is_detachable: bool) -> None:
+        task = self.runs.start(run, slot, is_detachable)
+        task.add_done_callback(lambda done: self._ended(run, done))
+
+    def _ended(self, run: JournaledRun, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is not None or task.result() == HANDED_OVER:
+            return  # not over: whoever runs it next acknowledges it
+        asyncio.get_running_loop().create_task(self._done(run))
+
+    async def _done(self, run: JournaledRun) -> None:
+        try:
+            await self.queue.done(run.entry_id)
+        except ChorusError as exc:  # the entry stays; a reclaim finds the run ended and acknowledges it
+            log.warning("request %s: could not acknowledge its run: %s", run.request_id, exc)
+
+    def start(self, continue_run: ContinueRun) -> None:
+        self._loop = asyncio.create_task(self._keep(continue_run), name="run-broker")
+
+    async def _keep(self, continue_run: ContinueRun) -> None:
+        interval_s = self.lease_s / 4
+        while True:
+            try:
+                await self._renew()
+                if not self.is_draining:
+                    await self._reclaim(continue_run)
+            except (ChorusError, *REDIS_ERRORS) as exc:
+                log.warning("run leases: %s; retrying", exc)
+            await asyncio.sleep(interval_s)
+
+    async def _renew(self) -> None:
+        runs = self.runs.live_runs()  # before the heartbeat: a run queued meanwhile is not in its answer
+        owned = await self.queue.heartbeat()
+        for run in runs:
+            if run.entry_id is not None and run.entry_id not in owned:
+                log.warning("request %s: another gateway process took its run over", run.request_id)
+                self.runs.hand_over(run.request_id)
+
+    async def _reclaim(self, continue_run: ContinueRun) -> None:
+        for entry in await self.queue.reclaim():
+            if self.runs.is_running(entry.request_id):
+                continue  # ours all along: its lease lapsed while this process was busy, and now it is renewed
+            started = time.monotonic()
+            run = await continue_run(entry)
+            if run is None:  # it had ended
+                await self.queue.done(entry.entry_id)
+                continue
+            run.entry_id = entry.entry_id
+            self.num_taken_over += 1
+            log.warning(
+                "request %s: took over its run from a gateway process that stopped renewing it (%.0f ms)",
+                entry.request_id,
+                (time.monotonic() - started) * 1000,
+            )
+            self._start(run, None, is_detachable=False)
+
+    async def hand_over(self) -> int:
+        """Stops taking runs, and hands every run of this process to the others; returns how many."""
+        self.is_draining = True
+        runs = self.runs.live_runs()
+        for run in runs:
+            self.runs.hand_over(run.request_id)
+        await self.runs.wait_for(run.request_id for run in runs)
+        await self.queue.release([run.entry_id for run in runs if run.entry_id is not None])
+        if runs:
+            log.info("handed %d runs over to the other gateway processes", len(runs))
+        return len(runs)
+
+    async def close(self) -> None:
+        if self._loop is not None:
+            self._loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop

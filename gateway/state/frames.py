@@ -1,0 +1,55 @@
+"""The codec frames of a speech run, journaled per segment so that another process can continue the run.
+
+Each talker chunk is one stream entry (segment, frame offset, codes); a segment whose talker finished gets an
+end entry with its frame count. Entries are keyed by frame offset, so a chunk written twice (a process that
+lost the run wrote it too) is read once, only frames contiguous from 0 count, and a segment counts as
+finished only with all its frames. The journal expires with the request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import redis.asyncio as redis
+
+from chorus.gateway.state import keys
+from chorus.gateway.state.connection import redis_guard
+
+
+@dataclasses.dataclass
+class SegmentFrames:
+    codes: bytes = b""  # int16 codes of frames 0..n, frame-major
+    is_finished: bool = False  # the talker's Final came: no frames follow
+
+
+class FrameJournal:
+    def __init__(self, client: redis.Redis, ttl_s: int) -> None:
+        self.client = client
+        self.ttl_s = ttl_s
+
+    async def append(self, request_id: str, segment: int, offset: int, codes: bytes) -> None:
+        """Journals frames of `segment` from frame `offset` on."""
+        await self._add(request_id, {"segment": segment, "offset": offset, "codes": codes})
+
+    async def finish(self, request_id: str, segment: int, num_frames: int) -> None:
+        """The talker of `segment` finished after `num_frames` frames."""
+        await self._add(request_id, {"segment": segment, "end": num_frames})
+
+    async def _add(self, request_id: str, entry: dict) -> None:
+        key = keys.frames(request_id)
+        with redis_guard("journaling codec frames"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                await pipe.xadd(key, entry).expire(key, self.ttl_s).execute()
+
+    async def read(self, request_id: str, num_segments: int, frame_bytes: int) -> list[SegmentFrames]:
+        """Every segment's frames, contiguous from frame 0."""
+        with redis_guard("reading codec frames"):
+            entries = await self.client.xrange(keys.frames(request_id))
+        segments = [SegmentFrames() for _ in range(num_segments)]
+        for _, fields in entries:
+            segment = segments[int(fields[b"segment"])]
+            if b"end" in fields:
+                segment.is_finished = int(fields[b"end"]) == len(segment.codes) // frame_bytes
+            elif int(fields[b"offset"]) == len(segment.codes) // frame_bytes:
+                segment.codes += fields[b"codes"]
+        return segments
