@@ -15,6 +15,9 @@ import pytest
 from redis_servers import cancel_wake_s
 from speech_stack import speech_stack
 
+from chorus.gateway.state import keys
+from chorus.gateway.state.connection import open_redis
+from chorus.gateway.state.runs import RunQueue, consumer_name
 from chorus.runtime.redis_server import start_local_redis
 
 #: A stopped Redis costs a command its socket timeout (2 s); a dead one, a refused connection (at once). The
@@ -98,3 +101,18 @@ async def test_a_restarted_redis_is_used_again_cancel_subscription_included(star
         assert len(lost) == 1, "one warning per outage, not one per retry"
         print(f"dead Redis: 503 within {slowest_s:.2f} s; speech served {served_s:.2f} s after the restart")
         print(f"cancel via pub/sub after the restart woke its run in {wake_s * 1000:.0f} ms")
+
+
+async def test_the_run_queue_survives_a_redis_that_lost_its_data(own_redis):
+    """A Redis restarted without persistence has no runs stream and no consumer group: the next run recreates
+    both and is this process's at once, with no stray entry left to be taken over later as a ghost run."""
+    client = open_redis(own_redis.url)
+    queue = RunQueue(client, consumer_name(), lease_s=2.0)
+    try:
+        await queue.enqueue_owned("before", b"spec")
+        await client.flushall()  # what a restart of a Redis without persistence leaves
+        entry_id = await queue.enqueue_owned("after", b"spec")
+        assert await client.xlen(keys.runs()) == 1
+        assert await queue.heartbeat() == {entry_id}
+    finally:
+        await client.aclose()
