@@ -35,6 +35,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_up(args: argparse.Namespace) -> int:
     from chorus.stack import LocalStack, StackPorts
+    from chorus.supervisor import RestartPolicy, describe_exit
 
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -45,6 +46,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         log_format=args.log_format,
         grace_s=args.grace_s,
         speech_in_one_process=args.speech_in_one_process,
+        restart_policy=RestartPolicy() if args.restart == "always" else None,
     )
     print("chorus up: starting redis, talker, vocoder, diffusion and gateway (tiny models by default)…", flush=True)
     stack.start()
@@ -70,10 +72,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
         flush=True,
     )
     exited = None
-    while not stop.wait(0.5):
-        exited = stack.first_exited()
+    while not stop.wait(0.25):
+        exited = stack.watch()
         if exited:
-            print(f"chorus up: {exited[0]} exited with code {exited[1]}; stopping the stack", file=sys.stderr)
+            print(f"chorus up: {exited[0]} {describe_exit(exited[1])}; stopping the stack", file=sys.stderr)
             break
     print("chorus up: stopping…", flush=True)
     codes = stack.stop()
@@ -102,6 +104,8 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from chorus.supervisor import RestartPolicy
+
     parser = argparse.ArgumentParser(prog="chorus", description="Serve text-to-speech and text-to-audio models.")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -116,6 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--timeout-s", type=float, default=300.0, help="How long to wait for every service to be healthy.")
     up.add_argument("--grace-s", type=float, default=10.0, help="Drain time for in-flight requests on stop.")
     up.add_argument("--log-format", choices=("text", "json"), default="text")
+    policy = RestartPolicy()
+    up.add_argument(
+        "--restart",
+        choices=("always", "never"),
+        default="always",
+        help=f"Once the stack is up, restart a process that dies (Redis too), after {policy.initial_delay_s:g} s "
+        f"doubling to {policy.max_delay_s:g} s (back to {policy.initial_delay_s:g} s after {policy.reset_after_s:g} s "
+        "up); never: stop the whole stack instead.",
+    )
     up.add_argument(
         "--speech-in-one-process",
         action="store_true",

@@ -3,17 +3,21 @@
 
 Children run `chorus serve <name>` in their own process group (so a terminal Ctrl-C reaches only
 this parent, which then drains them once with SIGTERM) and are asked by the kernel to die with
-this parent, so even a killed `chorus up` leaves no orphans.
+this parent, so even a killed `chorus up` leaves no orphans. Once the stack is up, a child that dies
+(the embedded Redis too, on its port, empty) is restarted with backoff (`chorus.supervisor`); the
+gateway takes a restarted backend back at its next health check.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from chorus.runtime.processes import die_with_parent, free_port
 from chorus.runtime.redis_server import LocalRedis, start_local_redis
 from chorus.services import SERVICES
+from chorus.supervisor import RestartPolicy, Supervisor, describe_exit
 
 BACKENDS = ("talker", "vocoder", "diffusion")
 
@@ -42,6 +47,10 @@ class StackPorts:
         return cls(rest=rest_port or free_port(), grpc=grpc_ports)
 
 
+def _log_to_stderr(line: str) -> None:
+    print(f"chorus up: {line}", file=sys.stderr, flush=True)
+
+
 @dataclass
 class LocalStack:
     ports: StackPorts
@@ -50,20 +59,40 @@ class LocalStack:
     grace_s: float = 10.0
     extra_env: dict[str, str] = field(default_factory=dict)
     speech_in_one_process: bool = False
-    children: dict[str, subprocess.Popen] = field(default_factory=dict)
+    #: How dead children are restarted once the stack is up; None: not at all (`watch` reports the first death).
+    restart_policy: RestartPolicy | None = field(default_factory=RestartPolicy)
+    log: Callable[[str], None] = _log_to_stderr
     redis: LocalRedis | None = None
+    supervisor: Supervisor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.supervisor = Supervisor(self.restart_policy or RestartPolicy(), self.log, self._is_serving_again)
 
     def start(self) -> None:
         if self.redis_url is None:
-            self.redis = start_local_redis(Path(tempfile.mkdtemp(prefix="chorus-redis-")))
+            redis_dir = Path(tempfile.mkdtemp(prefix="chorus-redis-"))
+            self.supervisor.start("redis", lambda: self._start_redis(redis_dir))
             self.redis_url = self.redis.url
         for name in (*self.backend_processes, "gateway"):
-            self.children[name] = subprocess.Popen(
-                [sys.executable, "-m", "chorus.cli", "serve", name],
-                env=self._env_for(name),
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
+            self.supervisor.start(name, functools.partial(self._start_service, name))
+
+    @property
+    def children(self) -> dict[str, subprocess.Popen | None]:
+        """The service processes (not Redis), by name."""
+        return {name: process for name, process in self.supervisor.processes.items() if name != "redis"}
+
+    def _start_service(self, name: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "chorus.cli", "serve", name],
+            env=self._env_for(name),
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+
+    def _start_redis(self, work_dir: Path) -> subprocess.Popen:
+        """The embedded redis-server; a restart takes the same port (the gateway's URL names it) and starts empty."""
+        self.redis = start_local_redis(work_dir, port=self.redis.port if self.redis else 0)
+        return self.redis.process
 
     @property
     def backend_processes(self) -> tuple[str, ...]:
@@ -106,9 +135,11 @@ class LocalStack:
             time.sleep(0.2)
 
     def _raise_if_exited(self, name: str) -> None:
+        """A child that dies before the stack is first up fails `chorus up`: a restart would only repeat a
+        configuration or environment error."""
         code = self.children[name].poll()
         if code is not None:
-            raise RuntimeError(f"{name} exited with code {code} (see its log above)")
+            raise RuntimeError(f"{name} {describe_exit(code)} (see its log above)")
 
     def _is_serving(self, name: str) -> bool:
         with grpc.insecure_channel(f"127.0.0.1:{self.ports.grpc[name]}") as channel:
@@ -125,20 +156,33 @@ class LocalStack:
         except httpx.HTTPError:
             return False
 
-    def first_exited(self) -> tuple[str, int] | None:
-        for name, child in self.children.items():
-            if child.poll() is not None:
+    def _is_serving_again(self, name: str) -> bool:
+        """For the supervisor's recovery line: Redis answers PING, a service reports SERVING."""
+        if name == "redis":
+            return self.redis is not None and self.redis.is_answering()
+        return self._is_serving(name)
+
+    def watch(self) -> tuple[str, int] | None:
+        """One look at the children, every fraction of a second while the stack is up: restarts the dead after
+        their backoff; with restarts off, returns the first dead one (name, return code) instead."""
+        if self.restart_policy is not None:
+            self.supervisor.poll()
+            return None
+        for name, child in self.supervisor.processes.items():
+            if child is not None and child.poll() is not None:
                 return name, child.returncode
         return None
 
     def stop(self) -> dict[str, int]:
-        """SIGTERM to every child, SIGKILL after the grace period; then Redis. Returns exit codes."""
-        for child in self.children.values():
+        """SIGTERM to every child, SIGKILL after the grace period; then Redis. Returns exit codes (of the last
+        process of each child; a negative code is the signal that killed it)."""
+        children = {name: child for name, child in self.children.items() if child is not None}
+        for child in children.values():
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s + 5.0
         codes = {}
-        for name, child in self.children.items():
+        for name, child in children.items():
             try:
                 codes[name] = child.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

@@ -6,6 +6,7 @@ import dataclasses
 from typing import ClassVar
 
 from chorus.gateway.failover import FailoverPolicy
+from chorus.gateway.state.redis_url import check_redis_url
 from chorus.runtime.config import ServiceConfig, option
 
 
@@ -15,7 +16,11 @@ class GatewayConfig(ServiceConfig):
 
     rest_host: str = option("127.0.0.1", "Address the REST API binds to (0.0.0.0 in containers).")
     rest_port: int = option(8000, "REST API port; 0 picks a free one.")
-    redis_url: str = option("redis://127.0.0.1:6379/0", "Redis holding request state (REDIS_URL also works).")
+    redis_url: str = option(
+        "redis://127.0.0.1:6379/0",
+        "Redis holding request state (REDIS_URL also works): redis://[[user]:password@]host:port/db, or a Sentinel "
+        "deployment as redis+sentinel://[password@]host:port[,host:port…]/master_name[/db] (README, Redis).",
+    )
     talker_targets: tuple[str, ...] = option(("127.0.0.1:50051",), "Talker replicas, host:port, comma-separated.")
     vocoder_targets: tuple[str, ...] = option(("127.0.0.1:50052",), "Vocoder replicas, host:port, comma-separated.")
     diffusion_targets: tuple[str, ...] = option(("127.0.0.1:50053",), "Diffusion replicas, host:port, comma-separated.")
@@ -73,6 +78,7 @@ class GatewayConfig(ServiceConfig):
     )
 
     def __post_init__(self) -> None:
+        check_redis_url(self.redis_url)
         if self.workers < 1:
             raise ValueError(f"workers: must be at least 1, got {self.workers}")
         if self.max_failovers < 0:

@@ -15,6 +15,7 @@ from chorus.gateway.context import GatewayContext
 from chorus.gateway.jobs import continue_run
 from chorus.gateway.public_api import ChorusServicer
 from chorus.gateway.rest import create_app
+from chorus.gateway.state.redis_url import redacted
 from chorus.runtime.host import Service
 from chorus.v1 import gateway_pb2_grpc
 
@@ -58,6 +59,7 @@ class GatewayService(Service):
             await asyncio.sleep(0.02)
         self.rest_port = self._rest.servers[0].sockets[0].getsockname()[1]
         log.info("REST API on http://%s:%d", self.config.rest_host, self.rest_port)
+        log.info("request state in Redis at %s", redacted(self.config.redis_url))
 
     def _rest_socket(self) -> socket.socket:
         """The REST listening socket, shared the way gRPC shares its port by default (SO_REUSEPORT): gateway

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,16 @@ class LocalRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def is_answering(self, timeout_s: float = 0.5) -> bool:
+        """Whether it answers PING now."""
+        client = redis.Redis(port=self.port, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+        try:
+            return bool(client.ping())
+        except (redis.ConnectionError, redis.TimeoutError):
+            return False
+        finally:
+            client.close()
+
     def stop(self, timeout_s: float = 5.0) -> None:
         if self.process.poll() is None:
             self.process.terminate()
@@ -45,8 +56,11 @@ class LocalRedis:
                 self.process.wait()
 
 
-def start_local_redis(work_dir: Path, port: int = 0, timeout_s: float = 10.0) -> LocalRedis:
-    """Starts redis-server on 127.0.0.1 and waits until it answers PING."""
+def start_local_redis(
+    work_dir: Path, port: int = 0, timeout_s: float = 10.0, extra_args: Sequence[str] = ()
+) -> LocalRedis:
+    """Starts redis-server on 127.0.0.1 (`extra_args` appended to its command line) and waits until it answers
+    PING."""
     port = port or free_port()
     work_dir.mkdir(parents=True, exist_ok=True)
     args = [
@@ -65,21 +79,16 @@ def start_local_redis(work_dir: Path, port: int = 0, timeout_s: float = 10.0) ->
         "yes",
         "--loglevel",
         "warning",
+        *extra_args,
     ]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent)
     server = LocalRedis(process, port)
-    client = redis.Redis(port=port, socket_connect_timeout=0.5)
     deadline = time.monotonic() + timeout_s
-    while True:
+    while not server.is_answering():
         if process.poll() is not None:
             raise RuntimeError(f"redis-server exited with code {process.returncode} (port {port})")
-        try:
-            client.ping()
-            return server
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                server.stop()
-                raise RuntimeError(f"redis-server did not answer on port {port} within {timeout_s} s") from None
-            time.sleep(0.05)
-        finally:
-            client.close()
+        if time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"redis-server did not answer on port {port} within {timeout_s} s")
+        time.sleep(0.05)
+    return server

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 
 from chorus.gateway.state import keys
@@ -68,17 +69,23 @@ class CancelListener:
                 del self._watches[request_id]
 
     async def _listen(self) -> None:
+        lost_at_s: float | None = None  # while the subscription is down: since when (one warning per outage)
         while True:
             pubsub = self.requests.client.pubsub()
             try:
                 await pubsub.psubscribe(keys.cancel_channel_pattern())
+                if lost_at_s is not None:
+                    log.info("cancel subscription restored after %.1f s", time.monotonic() - lost_at_s)
+                    lost_at_s = None
                 self._wake_all()  # a cancel published while not subscribed would be lost: read the flags
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None:
                         self._wake(keys.request_id_of_cancel_channel(message["channel"].decode()))
             except REDIS_ERRORS as exc:
-                log.warning("cancel subscription lost (%s); resubscribing", exc)
+                if lost_at_s is None:
+                    lost_at_s = time.monotonic()
+                    log.warning("cancel subscription lost (%s); resubscribing every %.1f s", exc, self.retry_interval_s)
                 await asyncio.sleep(self.retry_interval_s)
             finally:
                 with contextlib.suppress(*REDIS_ERRORS):

@@ -31,7 +31,12 @@ GROUP = "gateways"
 
 # KEYS[1] runs stream. ARGV: group, consumer, then field/value pairs of the entry. Adds the entry and delivers
 # it to `consumer` (every add is delivered in the same script, so `>` holds nothing older). Returns its id.
+# A stream Redis lost (a restart without persistence) is NOGROUP before the XADD: a script's writes stay when
+# it fails, and an entry added without its group would be delivered ahead of every later one.
 _ENQUEUE_OWNED = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return redis.error_reply('NOGROUP the runs stream is gone (Redis lost its data)')
+end
 local fields = {}
 for i = 3, #ARGV do fields[#fields + 1] = ARGV[i] end
 local id = redis.call('XADD', KEYS[1], '*', unpack(fields))

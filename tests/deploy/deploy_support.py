@@ -21,6 +21,7 @@ VALUES_SETS = {
     "default": (),
     "gpu-production": (CHART / "ci" / "gpu-values.yaml",),
     "external-redis": (CHART / "ci" / "external-redis-values.yaml",),
+    "sentinel": (CHART / "ci" / "sentinel-values.yaml",),
     "cpu": (CHART / "ci" / "cpu-values.yaml",),
     "multi-gpu": (CHART / "ci" / "multigpu-values.yaml",),
 }

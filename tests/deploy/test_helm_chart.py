@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from deploy_support import CHART, NAMESPACE, PENDING_ENV, RELEASE, VALUES_SETS, run_helm, values_args
 
+from chorus.gateway.state.redis_url import parse_sentinel_url
 from chorus.services import SERVICES
 
 FULLNAME = f"{RELEASE}-chorus"
@@ -112,15 +113,65 @@ def test_gateway_reaches_every_model_pod_through_a_headless_service(render, valu
         assert gateway_env[f"CHORUS_GATEWAY_{service.upper()}_TARGETS"] == expected
 
 
+def drain_timing(deployment: dict) -> tuple[float, int, int]:
+    """(grace_s the process reads, preStop sleep, terminationGracePeriodSeconds) of a Deployment."""
+    service = deployment["metadata"]["name"].removeprefix(f"{FULLNAME}-")
+    grace_s = float(env_values(deployment)[f"CHORUS_{service.upper()}_GRACE_S"])
+    pre_stop = container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    return grace_s, int(pre_stop[1]), deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+
+
+def probe_window_s(probe: dict) -> int:
+    """How long a probe fails before Kubernetes acts on it."""
+    return probe["periodSeconds"] * probe["failureThreshold"]
+
+
 @pytest.mark.parametrize("values_set", VALUES_SETS)
 def test_pods_outlive_their_drain(render, values_set):
     for name, deployment in by_kind(render(values_set), "Deployment").items():
-        service = name.removeprefix(f"{FULLNAME}-")
-        grace_s = float(env_values(deployment)[f"CHORUS_{service.upper()}_GRACE_S"])
-        pre_stop = container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
-        assert pre_stop[0] == "sleep" and int(pre_stop[1]) > 0
-        termination_s = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-        assert termination_s > grace_s + int(pre_stop[1]), name
+        grace_s, pre_stop_s, termination_s = drain_timing(deployment)
+        assert pre_stop_s > 0
+        assert termination_s >= pre_stop_s + grace_s + 5, f"{name}: no margin to exit after the drain"
+
+
+def test_drain_timing_is_derived_from_one_set_of_values(render):
+    """The process's grace_s (the gateway's hand-over time) and the pod's kill deadline move together."""
+    docs = render("default", "drain.graceSeconds=90", "drain.preStopSleepSeconds=3", "drain.exitMarginSeconds=7")
+    for name, deployment in by_kind(docs, "Deployment").items():
+        assert drain_timing(deployment) == (90.0, 3, 3 + 90 + 7), name
+
+
+@pytest.mark.parametrize("values_set", VALUES_SETS)
+def test_readiness_fails_fast_and_liveness_is_lenient(render, values_set):
+    for name, deployment in by_kind(render(values_set), "Deployment").items():
+        main = container(deployment)
+        readiness, liveness = main["readinessProbe"], main["livenessProbe"]
+        grace_s, _, _ = drain_timing(deployment)
+        assert probe_window_s(readiness) < grace_s, f"{name}: a draining pod must leave rotation within its drain"
+        assert probe_window_s(readiness) <= 10, f"{name}: readiness should notice a drain within seconds"
+        assert probe_window_s(liveness) >= max(30, 3 * probe_window_s(readiness)), f"{name}: liveness too eager"
+        if name.endswith("-gateway"):
+            # /ready turns 503 while draining or while Redis or a backend is down; /health only if the process
+            # does not answer: an outage of a dependency must not restart every gateway.
+            assert readiness["httpGet"]["path"] == "/ready" and liveness["httpGet"]["path"] == "/health"
+        else:
+            assert liveness["grpc"]["service"] == "", f"{name}: liveness is the server's, not the model's status"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (("probes.readiness.periodSeconds=20",), "must be shorter than drain.graceSeconds"),
+        (("drain.graceSeconds=4",), "must be shorter than drain.graceSeconds"),
+        (("probes.liveness.periodSeconds=2", "probes.liveness.failureThreshold=1"), "probes.liveness"),
+        (("probes.readiness.failureThreshold=0",), "failureThreshold"),
+    ],
+)
+def test_probe_timing_that_defeats_the_drain_is_refused(helm, overrides, message):
+    result = run_helm(helm, "template", RELEASE, str(CHART), *values_args("default", overrides))
+    assert result.returncode != 0
+    assert message in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(("values_set", "gpus"), [("default", 1), ("gpu-production", 1), ("cpu", 0)])
@@ -215,6 +266,49 @@ def test_redis_is_bundled_or_external(render):
     url_values = render("default", "redis.enabled=false", "externalRedis.url=redis://cache:6379/2")
     gateway = by_kind(url_values, "Deployment")[f"{FULLNAME}-gateway"]
     assert env_values(gateway)["CHORUS_GATEWAY_REDIS_URL"] == "redis://cache:6379/2"
+
+
+def test_sentinel_values_build_the_gateways_sentinel_url(render):
+    gateway = by_kind(render("sentinel"), "Deployment")[f"{FULLNAME}-gateway"]
+    assert not by_kind(render("sentinel"), "StatefulSet"), "no bundled Redis beside the Sentinels"
+    names = [var["name"] for var in container(gateway)["env"]]
+    assert names.index("REDIS_PASSWORD") < names.index("CHORUS_GATEWAY_REDIS_URL"), "$(VAR) needs VAR first"
+    env = env_values(gateway)
+    assert env["REDIS_PASSWORD"] == {"secretKeyRef": {"name": "redis", "key": "redis-password"}}
+    hosts = [f"redis-node-{i}.redis-headless.redis.svc.cluster.local:26379" for i in range(3)]
+    url = env["CHORUS_GATEWAY_REDIS_URL"]
+    assert url == (
+        f"redis+sentinel://$(REDIS_PASSWORD)@{','.join(hosts)}/mymaster/0?sentinel_password=$(REDIS_PASSWORD)"
+    )
+    # What the gateway reads once Kubernetes has put the password in: a URL it accepts.
+    address = parse_sentinel_url(url.replace("$(REDIS_PASSWORD)", "s3cret"))
+    assert [f"{host}:{port}" for host, port in address.sentinels] == hosts
+    assert (address.service_name, address.db, address.password, address.sentinel_password) == (
+        "mymaster",
+        0,
+        "s3cret",
+        "s3cret",
+    )
+
+    no_password = render(
+        "default", "redis.enabled=false", "externalRedis.sentinel.enabled=true", "externalRedis.sentinel.hosts={s:1}"
+    )
+    env = env_values(by_kind(no_password, "Deployment")[f"{FULLNAME}-gateway"])
+    assert env["CHORUS_GATEWAY_REDIS_URL"] == "redis+sentinel://s:1/mymaster/0" and "REDIS_PASSWORD" not in env
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (("externalRedis.sentinel.enabled=true", "externalRedis.sentinel.hosts={s:1}"), "needs redis.enabled=false"),
+        (("redis.enabled=false", "externalRedis.sentinel.enabled=true"), "list at least one Sentinel"),
+        (("redis.enabled=false", "externalRedis.sentinel.enabled=true", "externalRedis.sentinel.hosts={a/b}"), "hosts"),
+    ],
+)
+def test_bad_sentinel_values_are_refused(helm, overrides, message):
+    result = run_helm(helm, "template", RELEASE, str(CHART), *values_args("default", overrides))
+    assert result.returncode != 0
+    assert message in result.stdout + result.stderr
 
 
 def test_gpu_values_expose_the_gateway_and_metrics(render):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -45,27 +46,27 @@ def is_alive(pid: int) -> bool:
     return state != "Z"
 
 
-def start_stack(*flags: str) -> tuple[subprocess.Popen, dict[str, str]]:
+def child_pid(parent: int, command_part: str) -> int:
+    """The one process below `parent` whose command line contains `command_part`."""
+    (pid,) = [pid for pid in descendants(parent) if command_part in command_line(pid)]
+    return pid
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def start_stack(*flags: str, stderr_path: Path | None = None) -> tuple[subprocess.Popen, dict[str, str]]:
+    """`chorus up` on free ports and its endpoints once it says it is up; its stderr (every process's log
+    and the supervisor's lines) goes to `stderr_path` when given."""
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "chorus.cli",
-            "up",
-            "--rest-port",
-            "0",
-            "--grpc-port-base",
-            "0",
-            "--grace-s",
-            "5",
-            *flags,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
-    )
+    command = [sys.executable, "-m", "chorus.cli", "up", "--rest-port", "0", "--grpc-port-base", "0", "--grace-s", "5"]
+    with contextlib.ExitStack() as files:
+        stderr = subprocess.DEVNULL if stderr_path is None else files.enter_context(stderr_path.open("w"))
+        process = subprocess.Popen([*command, *flags], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     lines, endpoints = [], {}
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while "Press Ctrl-C" not in "".join(lines):
@@ -152,6 +153,68 @@ def test_chorus_up_with_speech_in_one_process():
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
         assert "stopped (speech 0, diffusion 0, gateway 0)" in process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+RECOVERY_TIMEOUT_S = 120  # a restarted talker imports torch and builds its model again on a shared 2-core box
+
+
+def speech_succeeds(rest: str) -> bool:
+    speech = {"model": "tiny", "input": "Hello.", "voice": "ryan", "response_format": "pcm", "max_frames": 10}
+    try:
+        reply = httpx.post(rest + "/v1/audio/speech", json=speech, timeout=30)
+    except httpx.HTTPError:
+        return False
+    return reply.status_code == 200 and len(reply.content) > 0
+
+
+def ready_state(rest: str) -> dict | None:
+    """The gateway's /ready body, or None while it does not answer."""
+    try:
+        return httpx.get(rest + "/ready", timeout=3).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.1)
+
+
+def test_chorus_up_restarts_a_killed_process_and_the_gateway_takes_it_back(tmp_path):
+    log = tmp_path / "chorus-up.log"
+    process, endpoints = start_stack(stderr_path=log)
+    rest = endpoints["rest"]
+    try:
+        assert speech_succeeds(rest)
+        for name, command_part in (("talker", "serve talker"), ("redis", "redis-server"), ("gateway", "serve gateway")):
+            killed_at = time.monotonic()
+            os.kill(child_pid(process.pid, command_part), signal.SIGKILL)
+            if name == "talker":  # the gateway sees the replica go, then takes the restarted one back
+                wait_until(lambda: (ready_state(rest) or {}).get("ready") is False, 10, "gateway notices the talker")
+                assert not any(ready_state(rest)["backends"]["talker"].values())
+            wait_until(lambda: (ready_state(rest) or {}).get("ready") is True, RECOVERY_TIMEOUT_S, f"{name} back")
+            wait_until(lambda: speech_succeeds(rest), 30, f"speech after {name} restarted")
+            print(f"{name}: SIGKILL to a served speech request again in {time.monotonic() - killed_at:.1f} s")
+            lines = log.read_text()
+            assert f"chorus up: {name} killed by SIGKILL after" in lines and "; restart 1 in 0.5 s" in lines
+            assert f"chorus up: {name} restarted (restart 1, pid " in lines
+        wait_until(lambda: "gateway is serving again" in log.read_text(), 10, "recovery line")
+
+        # A stopping `chorus up` restarts nothing, even a child that dies while it stops.
+        vocoder = child_pid(process.pid, "serve vocoder")
+        children = descendants(process.pid)
+        process.send_signal(signal.SIGTERM)
+        os.kill(vocoder, signal.SIGKILL)
+        assert process.wait(30) == 0
+        assert "vocoder restarted" not in log.read_text()
+        time.sleep(0.2)
+        assert not [pid for pid in children if is_alive(pid)], "orphans left behind"
     finally:
         if process.poll() is None:
             process.kill()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import pytest
@@ -23,12 +24,12 @@ class ReportingTalker(talker_pb2_grpc.TalkerServicer):
         return self.report
 
 
-async def start_replica():
+async def start_replica(port: int = 0):
     talker, health_servicer = ReportingTalker(), health.aio.HealthServicer()
     server = grpc.aio.server()
     talker_pb2_grpc.add_TalkerServicer_to_server(talker, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await health_servicer.set("chorus.v1.Talker", health_pb2.HealthCheckResponse.SERVING)
     return server, talker, health_servicer, f"127.0.0.1:{port}"
@@ -109,6 +110,29 @@ async def test_a_slow_check_is_not_a_dead_replica_but_a_run_of_them_is():
         await settle(pool, lambda: not replica.is_healthy)
         slow_health.slow_answers = 0
         await settle(pool, lambda: replica.is_healthy)
+    finally:
+        await pool.close()
+        await server.stop(None)
+
+
+async def test_a_replica_back_after_a_long_outage_is_taken_back_within_a_second_or_so():
+    """gRPC's own reconnect backoff grows to 120 s; the gateway's channels cap it, so a backend restarted after
+    minutes (a crash, a model reload) is back in rotation about a second after it serves again."""
+    server, _, _, target = await start_replica()
+    pool = BackendPool({"talker": (target,)}, interval_s=0.2)
+    replica = pool.replicas["talker"][0]
+    pool.start()
+    try:
+        await settle(pool, lambda: replica.is_healthy)
+        await server.stop(None)
+        await settle(pool, lambda: not replica.is_healthy)
+        await asyncio.sleep(12.0)  # default backoff: reconnects at about 5, 9, 16 s after the loss
+        server, *_ = await start_replica(port=int(target.rsplit(":", 1)[1]))
+        started = time.monotonic()
+        while not replica.is_healthy:
+            assert time.monotonic() - started < 2.5, "the replica was not taken back within 2.5 s"
+            await asyncio.sleep(0.02)
+        print(f"replica back in rotation {time.monotonic() - started:.2f} s after it served again")
     finally:
         await pool.close()
         await server.stop(None)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import httpx
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from chorus.diffusion.config import DiffusionConfig
 from chorus.diffusion.service import DiffusionService
@@ -81,3 +83,28 @@ async def test_ready_is_false_when_redis_is_down():
         reply = await client.get("/ready")
     await host.stop()
     assert reply.status_code == 503 and reply.json()["redis"] is False
+
+
+async def test_ready_turns_false_when_the_drain_begins(start_gateway, redis_url):
+    """On SIGTERM the host calls the gateway's `drain` (tests/runtime/test_host.py): from then on /ready is 503,
+    so a readiness probe takes the draining gateway out of rotation while its in-flight work finishes."""
+    backend, health_servicer = grpc.aio.server(), health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, backend)
+    target = (f"127.0.0.1:{backend.add_insecure_port('127.0.0.1:0')}",)  # one stand-in for every backend
+    await backend.start()
+    for name in ("chorus.v1.Talker", "chorus.v1.Vocoder", "chorus.v1.Diffusion"):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    backends = dict(talker_targets=target, vocoder_targets=target, diffusion_targets=target)
+    async with start_gateway(redis_url, health_interval_s=0.1, **backends) as (gateway, client, _):
+
+        async def is_ready() -> bool:
+            return (await client.get("/ready")).status_code == 200
+
+        await wait_for(is_ready)
+        assert (await client.get("/ready")).json()["draining"] is False
+        await gateway.drain()
+        reply = await client.get("/ready")
+        assert reply.status_code == 503
+        assert reply.json()["draining"] is True and reply.json()["redis"] is True
+        assert (await client.get("/health")).status_code == 200, "liveness is not readiness"
+    await backend.stop(None)

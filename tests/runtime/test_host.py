@@ -49,12 +49,16 @@ class TickerService(Service):
     def __init__(self) -> None:
         self.warm = asyncio.Event()
         self.closed = False
+        self.num_drains = 0
 
     def register(self, server):
         diffusion_pb2_grpc.add_DiffusionServicer_to_server(TickerServicer(), server)
 
     async def start(self):
         await self.warm.wait()
+
+    async def drain(self):
+        self.num_drains += 1
 
     async def close(self):
         self.closed = True
@@ -96,6 +100,7 @@ async def test_health_is_not_serving_until_warm_then_serving_then_not_serving_on
         assert (await watch.read()).status == NOT_SERVING
         watch.cancel()
         await stopping
+        assert service.num_drains == 1, "the service was told of the drain (the gateway's /ready turns 503)"
 
 
 async def test_reflection_lists_the_services(host):

@@ -61,9 +61,28 @@ app.kubernetes.io/part-of: chorus
 {{- with $vars }}{{ toYaml . }}{{ end }}
 {{- end }}
 
-{{/* terminationGracePeriodSeconds: endpoint removal (preStop) + drain (grace_s) + 10 s to close. */}}
+{{/* terminationGracePeriodSeconds: endpoint removal (preStop) + drain (grace_s) + time to close and exit. */}}
 {{- define "chorus.terminationGracePeriodSeconds" -}}
-{{ add .Values.drain.preStopSleepSeconds .Values.drain.graceSeconds 10 }}
+{{ add .Values.drain.preStopSleepSeconds .Values.drain.graceSeconds .Values.drain.exitMarginSeconds }}
+{{- end }}
+
+{{/* Readiness and liveness timing shared by every Chorus container (the probed endpoint is the caller's).
+Refused: a readiness probe too slow to take a draining pod out of rotation before its drain ends, and a liveness
+probe that would restart a process before readiness has even taken it out of rotation. */}}
+{{- define "chorus.probeTiming" -}}
+{{- $probe := index .root.Values.probes .kind }}
+{{- $readiness := .root.Values.probes.readiness }}
+{{- $readinessWindow := mul $readiness.periodSeconds $readiness.failureThreshold }}
+{{- if ge (int $readinessWindow) (int .root.Values.drain.graceSeconds) }}
+{{- fail (printf "probes.readiness: periodSeconds × failureThreshold (%d s) must be shorter than drain.graceSeconds (%d s), or a draining pod stays in rotation" (int $readinessWindow) (int .root.Values.drain.graceSeconds)) }}
+{{- end }}
+{{- $liveness := .root.Values.probes.liveness }}
+{{- if le (int (mul $liveness.periodSeconds $liveness.failureThreshold)) (int $readinessWindow) }}
+{{- fail "probes.liveness: periodSeconds × failureThreshold must be longer than readiness's: a slow process is taken out of rotation before it is restarted" }}
+{{- end -}}
+periodSeconds: {{ $probe.periodSeconds }}
+failureThreshold: {{ $probe.failureThreshold }}
+timeoutSeconds: {{ $probe.timeoutSeconds }}
 {{- end }}
 
 {{- define "chorus.preStop" -}}
@@ -74,11 +93,30 @@ lifecycle:
       command: ["sleep", "{{ .Values.drain.preStopSleepSeconds }}"]
 {{- end }}
 
-{{/* The gateway's Redis URL as an env var: bundled StatefulSet, external URL, or a Secret. */}}
+{{/* The gateway's Redis URL as an env var: bundled StatefulSet, Sentinels, external URL, or a Secret. A Sentinel
+URL's password comes from a Secret through REDIS_PASSWORD, defined first so that Kubernetes expands $(REDIS_PASSWORD). */}}
 {{- define "chorus.redisUrlEnv" -}}
+{{- $sentinel := .Values.externalRedis.sentinel }}
+{{- if and .Values.redis.enabled $sentinel.enabled }}
+{{- fail "externalRedis.sentinel.enabled needs redis.enabled=false (the bundled Redis has no Sentinels)" }}
+{{- end }}
+{{- if and $sentinel.enabled $sentinel.passwordSecret }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $sentinel.passwordSecret }}
+      key: {{ $sentinel.passwordKey }}
+{{- end }}
 - name: CHORUS_GATEWAY_REDIS_URL
 {{- if .Values.redis.enabled }}
   value: {{ printf "redis://%s-redis:6379/0" (include "chorus.fullname" .) | quote }}
+{{- else if $sentinel.enabled }}
+{{- if not $sentinel.hosts }}
+{{- fail "externalRedis.sentinel.hosts: list at least one Sentinel (host:port)" }}
+{{- end }}
+{{- $auth := ternary "$(REDIS_PASSWORD)@" "" (not (empty $sentinel.passwordSecret)) }}
+{{- $query := ternary "?sentinel_password=$(REDIS_PASSWORD)" "" (and (not (empty $sentinel.passwordSecret)) $sentinel.passwordForSentinels) }}
+  value: {{ printf "redis+sentinel://%s%s/%s/%v%s" $auth (join "," $sentinel.hosts) $sentinel.masterName $sentinel.db $query | quote }}
 {{- else if .Values.externalRedis.existingSecret }}
   valueFrom:
     secretKeyRef:
