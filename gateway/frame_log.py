@@ -27,9 +27,12 @@ class FrameSink(Protocol):
 
 
 class FrameLog:
-    def __init__(self, initial: bytes = b"", is_finished: bool = False, sink: FrameSink | None = None) -> None:
+    def __init__(
+        self, initial: bytes = b"", is_finished: bool = False, sink: FrameSink | None = None, is_taken_over=False
+    ) -> None:
         self._codes = bytearray(initial)
         self.is_finished = is_finished  # the talker said its Final: no more frames
+        self.is_taken_over = is_taken_over  # the segment's run began in another gateway process
         self.error: BaseException | None = None
         self.sink = sink
         self._changed = asyncio.Event()

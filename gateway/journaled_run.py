@@ -57,6 +57,8 @@ class JournaledRun:
         self.runner = runner
         self.resume = resume
         self.output = LiveOutput(journal, request_id)
+        if resume is not None:
+            self.output.num_published = resume.num_chunks  # those are in the journal, for readers to replay
         self.entry_id: str | None = None  # its entry in the run queue, once queued
         self._bytes_to_skip = resume.num_bytes if resume else 0
         self._is_handed_over = False

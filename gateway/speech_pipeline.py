@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator
 
@@ -96,6 +97,7 @@ class SegmentPipeline:
         self.metadata = ((REQUEST_ID_HEADER, request.request_id),)
         self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self.text = _TextFeed(text_deltas)
+        self.is_retry = frames.is_taken_over  # a talker stream of this segment was opened before
 
     def _time_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
@@ -119,10 +121,14 @@ class SegmentPipeline:
 
     async def _talker_stream(self, replica) -> None:
         request = self.request
-        if self.frames.num_frames:  # a fail-over: the new replica continues after the frames made so far
+        if self.frames.num_frames or self.is_retry:
+            # A fail-over: the new replica continues after the frames made so far. Its stream gets an id of its
+            # own: the stream it replaces may still be open on that replica (its gateway process froze).
             request = talker_pb2.SynthesisRequest()
             request.CopyFrom(self.request)
+            request.request_id = f"{self.request.request_id}~{secrets.token_hex(3)}"
             request.prefix_frames.CopyFrom(self.frames.chunk(0))
+        self.is_retry = True
         call = replica.stub.Synthesize(timeout=self._time_left(), metadata=self.metadata)
         writer = asyncio.create_task(self._write_text(call, request), name=f"text-{request.request_id}")
         try:
@@ -194,7 +200,7 @@ class SegmentPipeline:
             _raise_for(exc, "vocoder")
         finally:
             sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ChorusError, grpc.aio.AioRpcError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # what ended the stream is raised already
                 await sender
             call.cancel()
 
@@ -209,18 +215,26 @@ class SegmentPipeline:
 
     async def _send_frames(self, call, opening: vocoder_pb2.DecodeOpen, num_context: int) -> None:
         """Frames after the `num_context` the stream was primed with, as they come (offsets count from there)."""
-        await call.write(vocoder_pb2.DecodeInput(open=opening))
+        await _write(call, vocoder_pb2.DecodeInput(open=opening))
         sequence, num_sent = 0, num_context
         while True:
             num_frames = await self.frames.wait_beyond(num_sent)
             if num_frames > num_sent:
                 chunk = self.frames.chunk(num_sent, num_frames, sequence, first=num_context)
-                await call.write(vocoder_pb2.DecodeInput(chunk=chunk))
+                await _write(call, vocoder_pb2.DecodeInput(chunk=chunk))
                 num_sent, sequence = num_frames, sequence + 1
             elif self.frames.is_finished:
-                await call.write(vocoder_pb2.DecodeInput(end_of_input=True))
+                await _write(call, vocoder_pb2.DecodeInput(end_of_input=True))
                 await call.done_writing()
                 return
+
+
+async def _write(call, message) -> None:
+    """Writes to a vocoder stream; a stream the replica ended meanwhile is a replica failure."""
+    try:
+        await call.write(message)
+    except (asyncio.InvalidStateError, grpc.aio.AioRpcError) as exc:
+        raise ReplicaFailed(f"vocoder stream broke while sending ({type(exc).__name__})") from None
 
 
 async def synthesize_segment(

@@ -91,7 +91,12 @@ class SpeechRun(JournaledRun):
         self.lead = OutputLead(max_lead_s) if max_lead_s is not None else None
         frames = frames or [SegmentFrames() for _ in segments]
         self.frame_logs = [
-            FrameLog(kept.codes, kept.is_finished, frame_journal and _SegmentSink(frame_journal, request_id, index))
+            FrameLog(
+                kept.codes,
+                kept.is_finished,
+                frame_journal and _SegmentSink(frame_journal, request_id, index),
+                is_taken_over=resume is not None,
+            )
             for index, kept in enumerate(frames)
         ]
 

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -156,6 +157,7 @@ class Cluster:
 class Outcome:
     kind: str
     key: str
+    request_id: str | None = None
     data: bytes = b""
     error: str | None = None
     chunk_times: list[float] = dataclasses.field(default_factory=list)  # monotonic time of every piece received
@@ -183,6 +185,7 @@ class ResumingClient:
         self.urls = urls
         self.deadline_s = deadline_s
         self.timeout = httpx.Timeout(10.0, read=read_timeout_s, connect=1.0)
+        self._requests = itertools.count()  # requests go to the gateways in turn
 
     async def _gateways(self, http: httpx.AsyncClient, preferred: int):
         """Gateway URLs to try, the preferred one first while it answers its health check."""
@@ -192,7 +195,7 @@ class ResumingClient:
 
     async def _with_resume(self, outcome: Outcome, attempt) -> Outcome:
         deadline = time.monotonic() + self.deadline_s
-        preferred = hash(outcome.key) % len(self.urls)
+        preferred = next(self._requests) % len(self.urls)
         async with httpx.AsyncClient(timeout=self.timeout) as http:
             while True:
                 for url in await self._gateways(http, preferred):
@@ -229,6 +232,7 @@ class ResumingClient:
             async with _sending(http, request) as response:
                 await _check(response, http, url, state["request_id"])
                 state["request_id"] = state["request_id"] or response.headers.get("x-request-id")
+                outcome.request_id = state["request_id"]
                 if is_sse:
                     await _read_sse(response, outcome, state)
                 else:
@@ -255,7 +259,7 @@ class ResumingClient:
                 )
                 async with _sending(http, request) as response:
                     await _check(response, http, url, None)
-                    state["request_id"] = json.loads(await response.aread())["id"]
+                    state["request_id"] = outcome.request_id = json.loads(await response.aread())["id"]
             while True:
                 record = await _get_json(http, f"{url}/v1/requests/{state['request_id']}")
                 if record["status"] == "done":

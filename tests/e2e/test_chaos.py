@@ -11,17 +11,24 @@ run — none failed, hung, cut short, duplicated or different. The test prints i
 from __future__ import annotations
 
 import asyncio
+import io
 import random
 import time
 
+import av
 import numpy as np
 import pytest
+import redis
 from cluster import Cluster, Outcome, ResumingClient
+
+from chorus.gateway.frame_log import FRAME_BYTES
+from chorus.gateway.state import keys
 
 PHASE_S = 45.0  # the faulty phase keeps load on for this long
 FAULT_INTERVAL_S = 4.0
 STOP_S = 4.0  # how long a frozen process stays frozen
 SEED = 20261125
+MP3_TOLERANCE_LSB = 64  # wrong audio differs by thousands
 
 
 def _workload(model: str) -> list[tuple[str, dict]]:
@@ -87,6 +94,46 @@ def _resumed_after(faults: list[tuple[float, str, str]], outcomes: list[Outcome]
     return gaps
 
 
+def _samples(data: bytes, response_format: str) -> np.ndarray:
+    """s16 samples of a response, decoded."""
+    if response_format == "pcm":
+        return np.frombuffer(data, "<i2").astype(np.int32)
+    with av.open(io.BytesIO(data)) as container:
+        frames = [frame.to_ndarray().reshape(-1) for frame in container.decode(audio=0)]
+    samples = np.concatenate(frames)
+    return np.round(samples * 32768).astype(np.int32) if samples.dtype.kind == "f" else samples.astype(np.int32)
+
+
+def _max_lsb(outcome: Outcome, expected: Outcome, response_format: str) -> int:
+    a, b = _samples(outcome.data, response_format), _samples(expected.data, response_format)
+    return int(np.abs(a - b).max()) if len(a) == len(b) and len(a) else 1 << 16
+
+
+def _codes(redis_url: str, request_id: str) -> list[bytes]:
+    """The codec frames the run's talkers made, per segment, as the frame journal holds them."""
+    client = redis.Redis.from_url(redis_url)
+    segments: dict[int, bytes] = {}
+    for _, fields in client.xrange(keys.frames(request_id)):
+        segment = int(fields[b"segment"])
+        codes = segments.setdefault(segment, b"")
+        if b"offset" in fields and int(fields[b"offset"]) * FRAME_BYTES == len(codes):
+            segments[segment] = codes + fields[b"codes"]
+    client.close()
+    return [segments[index] for index in sorted(segments)]
+
+
+def _difference(outcome: Outcome, expected: Outcome, response_format: str, redis_url: str) -> str | None:
+    """How `outcome` differs from the undisturbed run: codec codes must be identical; audio may differ by what
+    batching alone changes (float rounding of batched decodes: at most 1 LSB of s16 PCM; the lossy MP3 of such
+    input a little more)."""
+    if outcome.kind != "audio" and _codes(redis_url, outcome.request_id) != _codes(redis_url, expected.request_id):
+        return "codec codes differ"
+    tolerance = MP3_TOLERANCE_LSB if response_format == "mp3" else 1
+    if (lsb := _max_lsb(outcome, expected, response_format)) > tolerance:
+        return f"audio differs by up to {lsb} LSB ({len(outcome.data)} bytes, expected {len(expected.data)})"
+    return None
+
+
 @pytest.fixture
 def cluster(redis_url, tmp_path):
     env = {
@@ -103,7 +150,7 @@ def cluster(redis_url, tmp_path):
 
 
 @pytest.mark.timeout(400)
-async def test_no_request_is_lost_or_changed_while_processes_die(cluster):
+async def test_no_request_is_lost_or_changed_while_processes_die(cluster, redis_url):
     import httpx
 
     started = time.monotonic()
@@ -130,11 +177,13 @@ async def test_no_request_is_lost_or_changed_while_processes_die(cluster):
     await asyncio.gather(faults.run(until), *(load(lane) for lane in range(3)))
 
     failed = [(i, o.kind, o.error) for i, o in outcomes if o.error is not None]
+    formats = [body["response_format"] for _, body in workload]
     different = [
-        (i, o.kind, len(o.data), len(reference[i].data))
+        (i, o.kind, difference)
         for i, o in outcomes
-        if o.error is None and o.data != reference[i].data
+        if o.error is None and (difference := _difference(o, reference[i], formats[i], redis_url)) is not None
     ]
+    max_lsb = max((_max_lsb(o, reference[i], formats[i]) for i, o in outcomes if o.error is None), default=0)
     gaps = _resumed_after(faults.log, [o for _, o in outcomes])
     print(
         f"\nchaos: {len(outcomes)} requests ({sum(o.reconnects for _, o in outcomes)} client reconnects), "
@@ -145,5 +194,7 @@ async def test_no_request_is_lost_or_changed_while_processes_die(cluster):
         f"over {len(gaps)} streams; {time.monotonic() - started:.0f} s in all"
     )
     assert len(faults.log) >= 5, "too few faults injected to prove anything"
+    print(f"largest audio difference to the undisturbed run: {max_lsb} LSB (s16)")
+    print(f"failed: {failed}\ndifferent: {different}")
     assert not failed, f"requests failed: {failed}"
     assert not different, f"requests whose output differs from their undisturbed run: {different}"

@@ -126,7 +126,10 @@ class FixedReplicas:
     """A `ReplicaSource` of one replica per backend (the doubles), counting fail-overs."""
 
     def __init__(self, talker_stub, vocoder_stub) -> None:
-        self.replicas = {"talker": FixedReplica("talker", talker_stub), "vocoder": FixedReplica("vocoder", vocoder_stub)}
+        self.replicas = {
+            "talker": FixedReplica("talker", talker_stub),
+            "vocoder": FixedReplica("vocoder", vocoder_stub),
+        }
 
     async def acquire(self, kind: str, wait_s: float) -> FixedReplica:
         return self.replicas[kind]
