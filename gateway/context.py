@@ -17,7 +17,9 @@ from chorus.gateway.state.cancel import CancelListener
 from chorus.gateway.state.connection import open_redis
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import RequestRecord, RequestStore
+from chorus.gateway.state.voices import VoiceStore
 from chorus.gateway.voice_clone import ReferenceCodes
+from chorus.gateway.voices import VoiceRegistry
 from chorus.runtime.errors import NotFound, Unavailable
 
 
@@ -36,6 +38,7 @@ class GatewayContext:
     diffusion_window: BatchWindow
     catalog: TalkerCatalog
     reference_codes: ReferenceCodes
+    voices: VoiceRegistry
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> GatewayContext:
@@ -61,6 +64,8 @@ class GatewayContext:
                 for kind, limit in limits.items()
             }
         )
+        catalog = TalkerCatalog(backends)
+        reference_codes = ReferenceCodes(backends)
         return cls(
             config=config,
             backends=backends,
@@ -73,8 +78,9 @@ class GatewayContext:
             admission=admission,
             runs=RunRegistry(journal, detach_grace_s=config.reconnect_grace_s),
             diffusion_window=BatchWindow(config.diffusion_batch_window_ms / 1000, config.diffusion_max_batch_size),
-            catalog=TalkerCatalog(backends),
-            reference_codes=ReferenceCodes(backends),
+            catalog=catalog,
+            reference_codes=reference_codes,
+            voices=VoiceRegistry(VoiceStore(client), backends, catalog, reference_codes, config),
         )
 
     def require_backends(self, *kinds: str) -> None:
