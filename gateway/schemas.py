@@ -127,9 +127,11 @@ class CreateVoiceRequest(BaseModel):
 
     name: Annotated[str, Field(min_length=1, max_length=MAX_VOICE_NAME_CHARS)]
     audio: str | None = Field(None, description="Base64 or data: URI of an audio file, or an allowed URL.")
-    ref_text: str | None = Field(None, description="What the reference says: the voice then clones in context.")
+    ref_text: str | None = Field(
+        None, description="What the reference says: the voice then clones in context (else by speaker embedding)."
+    )
     language: str | None = Field(None, description="Default language of speech in this voice.")
-    x_vector_only: bool = Field(False, description="Keep only the speaker embedding, not the reference itself.")
+    x_vector_only: bool = Field(False, description="The speaker embedding alone (as without `ref_text`).")
     instructions: Annotated[str, Field(min_length=1, max_length=MAX_INSTRUCTIONS_CHARS)] | None = Field(
         None, description="A designed voice: the description that makes it (VoiceDesign checkpoints)."
     )

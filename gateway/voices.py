@@ -138,12 +138,14 @@ class VoiceRegistry:
             raise InvalidParam("audio", f"is {encoded.audio_s:.1f} s long; the limit is {self.max_reference_s:g} s")
         if encoded.codes.num_frames == 0:
             raise InvalidParam("audio", "is too short to clone a voice from")
+        # In-context cloning needs the reference's transcript; without one, the speaker embedding is the voice.
+        x_vector_only = body.x_vector_only or not body.ref_text
         return {
             "ref_text": body.ref_text or "",
-            "x_vector_only": body.x_vector_only,
+            "x_vector_only": x_vector_only,
             "ref_duration_s": encoded.audio_s,
             "speaker_embedding": await self._speaker_embedding(audio, request_id),
-            "reference_codes": b"" if body.x_vector_only else encoded.codes.SerializeToString(),
+            "reference_codes": b"" if x_vector_only else encoded.codes.SerializeToString(),
         }
 
     async def _speaker_embedding(self, audio: bytes, request_id: str) -> bytes:

@@ -68,7 +68,8 @@ async def test_bad_uploads_answer_their_4xx_with_the_envelope(http):
 
 async def test_names_are_unique_per_key_builtins_are_taken_and_the_count_is_limited(http):
     reference = reference_wav()
-    assert (await http.post("/v1/audio/voices", **upload("Dana", reference))).status_code == 201
+    dana = await http.post("/v1/audio/voices", **upload("Dana", reference))
+    assert dana.status_code == 201 and dana.json()["x_vector_only"] is True  # no transcript: no in-context cloning
     check_error(await http.post("/v1/audio/voices", **upload("dana", reference)), 409, "name", "already_exists")
     check_error(await http.post("/v1/audio/voices", **upload("Ryan", reference)), 409, "name", "already_exists")
     as_json = {"name": "Eve", "audio": base64.b64encode(reference).decode()}
