@@ -29,7 +29,7 @@ def voice_view(voice: Voice) -> VoiceView:
         name=voice.name,
         kind=voice.kind,
         model=voice.model,
-        created_at=voice.created_at_s,
+        created_at=None if voice.created_at_s is None else int(voice.created_at_s),
         language=voice.language or None,
         ref_text=voice.ref_text or None,
         ref_duration_s=voice.ref_duration_s if is_clone else None,
@@ -97,4 +97,4 @@ def add_voice_routes(
     async def delete_voice(voice: str, owner: str = Depends(authorize)) -> dict:
         """Deletes one of your saved voices, by id or name."""
         deleted = await ctx.voices.delete(owner, voice)
-        return {"id": deleted.voice_id, "object": "voice.deleted", "deleted": True}
+        return {"id": deleted.voice_id, "object": "audio.voice.deleted", "deleted": True}

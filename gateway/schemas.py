@@ -43,6 +43,13 @@ def _speaker_embedding(value: object) -> bytes:
 SpeakerEmbedding = Annotated[bytes, BeforeValidator(_speaker_embedding)]
 
 
+def _voice_reference(value: object) -> object:
+    """The OpenAI SDK names a custom voice as `{"id": "voice_…"}`; any other value is checked as a string."""
+    if isinstance(value, dict) and set(value) == {"id"}:
+        return value["id"]
+    return value
+
+
 class SamplingParams(BaseModel):
     """Talker sampling; unset fields take the checkpoint's generation_config."""
 
@@ -66,7 +73,9 @@ class SpeechRequest(BaseModel):
 
     model: Annotated[str, Field(min_length=1)]
     input: str
-    voice: str | None = Field(None, description="A built-in speaker, or the name or id of one of your saved voices.")
+    voice: Annotated[str | None, BeforeValidator(_voice_reference)] = Field(
+        None, description='A built-in speaker, or the name or id (also as `{"id": …}`) of one of your saved voices.'
+    )
     instructions: Annotated[str, Field(max_length=MAX_INSTRUCTIONS_CHARS)] | None = None
     response_format: ResponseFormat = "mp3"
     speed: Annotated[float, Field(ge=0.25, le=4.0)] = 1.0
@@ -151,11 +160,11 @@ class VoiceView(BaseModel):
     """A voice: a built-in speaker of the talker, or one of yours (`clone` from audio, `design` from instructions)."""
 
     id: str
-    object: Literal["voice"] = "voice"
+    object: Literal["audio.voice"] = "audio.voice"
     name: str
     kind: Literal["builtin", "clone", "design"]
     model: str = Field(description="The talker model the voice is for; another model refuses it.")
-    created_at: float | None = Field(description="Unix seconds; none for built-in speakers.")
+    created_at: int | None = Field(description="Unix seconds; none for built-in speakers.")
     language: str | None = None
     ref_text: str | None = Field(None, description="Clone: the reference's transcript (in-context cloning).")
     ref_duration_s: float | None = Field(None, description="Clone: seconds of reference audio.")

@@ -9,6 +9,7 @@ import uuid
 
 import grpc
 import numpy as np
+import openai
 import pytest
 from speech_stack import reference_wav, speech_stack
 
@@ -42,7 +43,7 @@ async def test_a_saved_voice_speaks_exactly_as_its_reference_sent_inline(stack):
     voice = created.json()
     assert voice["id"].startswith("voice_") and created.headers["location"] == f"/v1/audio/voices/{voice['id']}"
     assert {key: voice[key] for key in ("object", "name", "kind", "model", "ref_text", "x_vector_only")} == {
-        "object": "voice", "name": "Alice", "kind": "clone", "model": "tiny", "ref_text": "A tone.",
+        "object": "audio.voice", "name": "Alice", "kind": "clone", "model": "tiny", "ref_text": "A tone.",
         "x_vector_only": False,
     }  # fmt: skip
     assert voice["ref_duration_s"] == pytest.approx(1.0, abs=0.05) and voice["created_at"] > 0
@@ -129,7 +130,7 @@ async def test_list_pages_get_and_delete(stack):
     assert (await http.get("/v1/audio/voices/TWO")).json()["id"] == ids[1]
     assert (await http.get("/v1/audio/voices/ryan")).json()["kind"] == "builtin"
     deleted = await http.delete("/v1/audio/voices/two")
-    assert deleted.json() == {"id": ids[1], "object": "voice.deleted", "deleted": True}
+    assert deleted.json() == {"id": ids[1], "object": "audio.voice.deleted", "deleted": True}
     for reply in (
         await http.get(f"/v1/audio/voices/{ids[1]}"),
         await http.delete(f"/v1/audio/voices/{ids[1]}"),
@@ -151,6 +152,26 @@ async def test_a_voice_made_for_another_model_is_refused(stack):
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
     assert error["param"] == "voice" and "Qwen3-TTS-12Hz-1.7B-Base" in error["message"]
+
+
+async def test_the_openai_sdk_saves_speaks_with_and_deletes_a_voice(stack):
+    gateway, http, _, _, key = stack
+    sdk = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{gateway.rest_port}/v1", api_key=key, max_retries=0)
+    reference = reference_wav()
+    body = {"name": "Sdk", "audio": "data:audio/wav;base64," + as_base64(reference), "ref_text": "A tone."}
+    voice = await sdk.post("/audio/voices", cast_to=object, body=body)  # the SDK's call for any endpoint
+    extensions = {key: SPEECH[key] for key in ("language", "seed", "max_frames")}
+    spoken = [
+        await sdk.audio.speech.create(
+            model="tiny", voice=named, input=SPEECH["input"], response_format="pcm", extra_body=extensions
+        )
+        for named in ("Sdk", {"id": voice["id"]})  # a name, or the SDK's custom-voice reference
+    ]
+    inline = await http.post("/v1/audio/speech", json=PCM | {"ref_audio": as_base64(reference), "ref_text": "A tone."})
+    assert spoken[0].content == spoken[1].content == inline.content and len(inline.content) > 0
+    deleted = await sdk.audio.voices.delete(voice["id"])
+    assert (deleted.id, deleted.deleted, deleted.object) == (voice["id"], True, "audio.voice.deleted")
+    await sdk.close()
 
 
 async def test_grpc_voices_save_list_speak_and_delete(stack):
