@@ -44,10 +44,11 @@ SpeakerEmbedding = Annotated[bytes, BeforeValidator(_speaker_embedding)]
 
 
 def _voice_reference(value: object) -> object:
-    """The OpenAI SDK names a custom voice as `{"id": "voice_…"}`; any other value is checked as a string."""
+    """The OpenAI SDK names a custom voice as `{"id": "voice_…"}`, and must send some voice: "" names none (a
+    clone from `ref_audio` or `speaker_embedding`). Any other value is checked as a string."""
     if isinstance(value, dict) and set(value) == {"id"}:
         return value["id"]
-    return value
+    return value or None
 
 
 class SamplingParams(BaseModel):

@@ -155,7 +155,7 @@ async def test_a_voice_made_for_another_model_is_refused(stack):
 
 
 async def test_the_openai_sdk_saves_speaks_with_and_deletes_a_voice(stack):
-    gateway, http, _, _, key = stack
+    gateway, http, talker, _, key = stack
     sdk = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{gateway.rest_port}/v1", api_key=key, max_retries=0)
     reference = reference_wav()
     body = {"name": "Sdk", "audio": "data:audio/wav;base64," + as_base64(reference), "ref_text": "A tone."}
@@ -171,6 +171,16 @@ async def test_the_openai_sdk_saves_speaks_with_and_deletes_a_voice(stack):
     assert spoken[0].content == spoken[1].content == inline.content and len(inline.content) > 0
     deleted = await sdk.audio.voices.delete(voice["id"])
     assert (deleted.id, deleted.deleted, deleted.object) == (voice["id"], True, "audio.voice.deleted")
+
+    async with grpc.aio.insecure_channel(talker) as channel:
+        reply = await talker_pb2_grpc.TalkerStub(channel).EmbedSpeaker(talker_pb2.EmbedSpeakerRequest(audio=reference))
+    embedding = as_base64(np.asarray(reply.speaker_embedding, dtype="<f4").tobytes())
+    extensions |= {"speaker_embedding": embedding}  # the SDK must send a voice: "" names none
+    by_embedding = await sdk.audio.speech.create(
+        model="tiny", voice="", input=SPEECH["input"], response_format="pcm", extra_body=extensions
+    )
+    inline = await http.post("/v1/audio/speech", json=PCM | {"ref_audio": as_base64(reference), "x_vector_only": True})
+    assert by_embedding.content == inline.content
     await sdk.close()
 
 
