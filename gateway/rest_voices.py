@@ -38,6 +38,13 @@ def voice_view(voice: Voice) -> VoiceView:
     )
 
 
+def _log_as_new_request() -> str:
+    """A request id for the logs of a voice being saved or deleted (and for the backends' logs)."""
+    request_id = new_request_id()
+    request_id_var.set(request_id)
+    return request_id
+
+
 def add_voice_routes(
     app: FastAPI, ctx: GatewayContext, authorize: Callable[..., Awaitable[str]], require_json: Callable[..., None]
 ) -> None:
@@ -56,8 +63,7 @@ def add_voice_routes(
         `x_vector_only`), or designed from `instructions` alone. Its codes and speaker embedding are computed
         once, here; `voice: "<name or id>"` in speech requests then uses them. The body is JSON, or
         multipart/form-data with `audio` as a file."""
-        request_id = new_request_id()
-        request_id_var.set(request_id)
+        request_id = _log_as_new_request()
         audio = None
         if body.audio is not None:
             audio = await resolve_ref_audio(
@@ -96,5 +102,6 @@ def add_voice_routes(
     @app.delete("/v1/audio/voices/{voice}", tags=["voices"], responses=OPENAPI_RESPONSES)
     async def delete_voice(voice: str, owner: str = Depends(authorize)) -> dict:
         """Deletes one of your saved voices, by id or name."""
+        _log_as_new_request()
         deleted = await ctx.voices.delete(owner, voice)
         return {"id": deleted.voice_id, "object": "audio.voice.deleted", "deleted": True}

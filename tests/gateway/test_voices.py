@@ -197,6 +197,11 @@ async def test_grpc_voices_save_list_speak_and_delete(stack):
         with pytest.raises(grpc.aio.AioRpcError) as taken:
             await stub.CreateVoice(request, metadata=metadata)
         assert taken.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        for bad in ({"name": "a/b", "audio": reference}, {"name": "no audio"}):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.CreateVoice(gateway_pb2.CreateVoiceRequest(**bad), metadata=metadata)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.details().startswith(("name", "audio"))
         listed = await stub.ListVoices(gateway_pb2.VoiceListRequest(), metadata=metadata)
         assert [v.id for v in listed.voices if v.task_type == talker_pb2.TASK_TYPE_VOICE_CLONE] == [voice.id]
         assert (await stub.GetVoice(gateway_pb2.VoiceRef(voice="carol"), metadata=metadata)) == voice
