@@ -52,8 +52,8 @@ def check_name(name: str) -> None:
 
 
 def speech_in(voice: Voice, body: SpeechRequest) -> SpeechRequest:
-    """`body` as the talker is to see it in the saved `voice`: its task, its instructions or embedding, and
-    its language unless the request names one."""
+    """`body` as the talker is to see it in the saved `voice`: the voice's task and instructions, and its
+    language unless the request names one."""
     return body.model_copy(
         update={
             "voice": None,

@@ -185,7 +185,7 @@ async def test_the_openai_sdk_saves_speaks_with_and_deletes_a_voice(stack):
 
 
 async def test_grpc_voices_save_list_speak_and_delete(stack):
-    _, http, _, target, key = stack
+    _, http, talker, target, key = stack
     metadata = (("authorization", f"Bearer {key}"),)
     reference = reference_wav()
     async with grpc.aio.insecure_channel(target) as channel:
@@ -219,6 +219,15 @@ async def test_grpc_voices_save_list_speak_and_delete(stack):
             )
         ]
         assert streamed[-1].final.error.code == "" and any(output.HasField("audio") for output in streamed)
+        async with grpc.aio.insecure_channel(talker) as talker_channel:
+            embedded = await talker_pb2_grpc.TalkerStub(talker_channel).EmbedSpeaker(
+                talker_pb2.EmbedSpeakerRequest(audio=reference)
+            )
+        speak_embedding = gateway_pb2.SpeakRequest()
+        speak_embedding.CopyFrom(speak)
+        speak_embedding.voice = ""  # no saved voice: the precomputed x-vector alone
+        speak_embedding.speaker_embedding = np.asarray(embedded.speaker_embedding, dtype="<f4").tobytes()
+        by_embedding = [output async for output in stub.Speak(speak_embedding, metadata=metadata)]
         deleted = await stub.DeleteVoice(gateway_pb2.VoiceRef(voice=voice.id), metadata=metadata)
         assert deleted.id == voice.id
         with pytest.raises(grpc.aio.AioRpcError) as gone:
@@ -227,3 +236,6 @@ async def test_grpc_voices_save_list_speak_and_delete(stack):
     audio = b"".join(output.audio.data for output in spoken if output.HasField("audio"))
     inline = await http.post("/v1/audio/speech", json=PCM | {"ref_audio": as_base64(reference), "ref_text": "A tone."})
     assert len(audio) > 0 and audio == inline.content
+    x_vector = {"ref_audio": as_base64(reference), "x_vector_only": True}
+    inline_x_vector = await http.post("/v1/audio/speech", json=PCM | x_vector)
+    assert b"".join(output.audio.data for output in by_embedding if output.HasField("audio")) == inline_x_vector.content
