@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from chorus.services import SERVICES
 
@@ -43,14 +44,15 @@ def _cmd_up(args: argparse.Namespace) -> int:
     stack = LocalStack(
         StackPorts.choose(args.rest_port, args.grpc_port_base),
         redis_url=os.environ.get("REDIS_URL"),
+        redis_dir=Path(args.redis_dir).expanduser(),
         log_format=args.log_format,
         grace_s=args.grace_s,
         speech_in_one_process=args.speech_in_one_process,
         restart_policy=RestartPolicy() if args.restart == "always" else None,
     )
     print("chorus up: starting redis, talker, vocoder, diffusion and gateway (tiny models by default)…", flush=True)
-    stack.start()
     try:
+        stack.start()
         stack.wait_ready(
             args.timeout_s, on_ready=lambda name, s: print(f"  {name:<9} healthy after {s:.1f} s", flush=True)
         )
@@ -59,7 +61,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         stack.stop()
         return 1
     ports = stack.ports
-    redis_note = "embedded" if stack.redis else "from REDIS_URL"
+    redis_note = f"embedded, data in {stack.redis_dir}" if stack.redis else "from REDIS_URL"
     print(
         "\nChorus is up.\n"
         f"  REST API   http://127.0.0.1:{ports.rest}   (GET /ready, /health, /docs)\n"
@@ -119,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--timeout-s", type=float, default=300.0, help="How long to wait for every service to be healthy.")
     up.add_argument("--grace-s", type=float, default=10.0, help="Drain time for in-flight requests on stop.")
+    up.add_argument(
+        "--redis-dir",
+        default=str(Path(os.environ.get("XDG_DATA_HOME") or "~/.local/share") / "chorus" / "redis"),
+        help="Where the embedded Redis (used without REDIS_URL) keeps its append-only file: saved voices outlive a "
+        "restart of the stack. Default: %(default)s.",
+    )
     up.add_argument("--log-format", choices=("text", "json"), default="text")
     policy = RestartPolicy()
     up.add_argument(

@@ -55,6 +55,7 @@ def _log_to_stderr(line: str) -> None:
 class LocalStack:
     ports: StackPorts
     redis_url: str | None = None
+    redis_dir: Path | None = None  # the embedded Redis's data (its append-only file); None: a fresh temporary one
     log_format: str = "text"
     grace_s: float = 10.0
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -70,7 +71,7 @@ class LocalStack:
 
     def start(self) -> None:
         if self.redis_url is None:
-            redis_dir = Path(tempfile.mkdtemp(prefix="chorus-redis-"))
+            redis_dir = self.redis_dir or Path(tempfile.mkdtemp(prefix="chorus-redis-"))
             self.supervisor.start("redis", lambda: self._start_redis(redis_dir))
             self.redis_url = self.redis.url
         for name in (*self.backend_processes, "gateway"):
@@ -90,8 +91,13 @@ class LocalStack:
         )
 
     def _start_redis(self, work_dir: Path) -> subprocess.Popen:
-        """The embedded redis-server; a restart takes the same port (the gateway's URL names it) and starts empty."""
-        self.redis = start_local_redis(work_dir, port=self.redis.port if self.redis else 0)
+        """The embedded redis-server; a restart takes the same port (the gateway's URL names it) and reloads what
+        its append-only file kept."""
+        port = 0
+        if self.redis is not None:
+            port = self.redis.port
+            self.redis.stop()  # reaps the dead server and lets go of its directory's lock
+        self.redis = start_local_redis(work_dir, port=port)
         return self.redis.process
 
     @property

@@ -35,6 +35,8 @@ class GatewayConfig(ServiceConfig):
     max_body_bytes: int = option(16 * 1024 * 1024, "Largest request body accepted (413 beyond it).")
     max_ref_audio_bytes: int = option(10 * 1024 * 1024, "Largest voice-clone reference audio, decoded.")
     ref_audio_allowed_hosts: tuple[str, ...] = option((), "Hosts `ref_audio` URLs may point to; none by default.")
+    max_voices_per_key: int = option(100, "Saved voices one API key may keep (without keys: all callers together).")
+    max_voice_reference_s: float = option(30.0, "Longest reference audio a saved voice is made from, in seconds.")
     api_keys: tuple[str, ...] = option((), "API keys (or sha256:<hex> of them), comma-separated; empty = no auth.")
     rate_limit_per_s: float = option(0.0, "Requests per second per API key (token bucket in Redis); 0 = no limit.")
     rate_limit_burst: int = option(20, "Token bucket size: requests a key may send at once.")

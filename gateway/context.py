@@ -20,7 +20,9 @@ from chorus.gateway.state.frames import FrameJournal
 from chorus.gateway.state.journal import OutputJournal
 from chorus.gateway.state.requests import RequestRecord, RequestStore
 from chorus.gateway.state.runs import RunQueue, consumer_name
+from chorus.gateway.state.voices import VoiceStore
 from chorus.gateway.voice_clone import ReferenceCodes
+from chorus.gateway.voices import VoiceRegistry
 from chorus.runtime.errors import NotFound, Unavailable
 
 
@@ -41,6 +43,7 @@ class GatewayContext:
     reference_codes: ReferenceCodes
     frame_journal: FrameJournal
     broker: RunBroker
+    voices: VoiceRegistry
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> GatewayContext:
@@ -67,6 +70,8 @@ class GatewayContext:
                 for kind, limit in limits.items()
             }
         )
+        catalog = TalkerCatalog(backends)
+        reference_codes = ReferenceCodes(backends)
         return cls(
             config=config,
             backends=backends,
@@ -79,10 +84,11 @@ class GatewayContext:
             admission=admission,
             runs=runs,
             diffusion_window=BatchWindow(config.diffusion_batch_window_ms / 1000, config.diffusion_max_batch_size),
-            catalog=TalkerCatalog(backends),
-            reference_codes=ReferenceCodes(backends),
+            catalog=catalog,
+            reference_codes=reference_codes,
             frame_journal=FrameJournal(client, ttl_s=config.request_ttl_s),
             broker=RunBroker(RunQueue(client, consumer_name(), config.run_lease_s), runs, config.run_lease_s),
+            voices=VoiceRegistry(VoiceStore(client), backends, catalog, reference_codes, config),
         )
 
     def require_backends(self, *kinds: str) -> None:

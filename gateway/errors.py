@@ -57,6 +57,22 @@ class PayloadTooLarge(InvalidRequest):
     pass
 
 
+class AlreadyExists(ChorusError):
+    """The value of `param` is taken (a voice name: one of the owner's saved voices, or a built-in speaker)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+class LimitReached(ChorusError):
+    """A per-key quota is used up (saved voices): retrying will not help, freeing some will."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 class UnsupportedMediaType(InvalidRequest):
     pass
 
@@ -93,6 +109,22 @@ def envelope(message: str, error_type: str, param: str | None = None, code: str 
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
+# The error answers every REST operation documents in the OpenAPI schema.
+OPENAPI_RESPONSES = {
+    status: {"description": description, "content": {"application/json": {"example": envelope("…", kind)}}}
+    for status, description, kind in (
+        (400, "Invalid input; `param` names the field.", "invalid_request_error"),
+        (401, "Missing or unknown API key.", "invalid_request_error"),
+        (404, "Unknown model, voice or request.", "invalid_request_error"),
+        (409, "The voice name is taken.", "invalid_request_error"),
+        (413, "Request body too large.", "invalid_request_error"),
+        (422, "Body does not match the schema.", "invalid_request_error"),
+        (429, "Admission full or rate limit hit; see Retry-After.", "rate_limit_error"),
+        (503, "A backend or Redis is down; see Retry-After.", "server_error"),
+    )
+}
+
+
 def error_response(
     status_code: int,
     message: str,
@@ -117,6 +149,10 @@ def response_for(exc: ChorusError) -> JSONResponse:
         return error_response(401, message, "invalid_request_error", code="invalid_api_key")
     if isinstance(exc, NotFound):
         return error_response(404, message, "invalid_request_error", code="not_found")
+    if isinstance(exc, AlreadyExists):
+        return error_response(409, message, "invalid_request_error", param=exc.param, code="already_exists")
+    if isinstance(exc, LimitReached):
+        return error_response(400, message, "invalid_request_error", code="limit_reached")
     if isinstance(exc, Overloaded):
         retry_after_s = str(max(1, math.ceil(exc.retry_after_s)))
         headers = {"Retry-After": retry_after_s}

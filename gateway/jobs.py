@@ -25,7 +25,9 @@ from chorus.gateway.speech_run import SpeechRun, segment_requests
 from chorus.gateway.state.frames import SegmentFrames
 from chorus.gateway.state.requests import FAILED, TERMINAL, RequestRecord
 from chorus.gateway.state.runs import RunEntry
+from chorus.gateway.state.voices import Voice
 from chorus.gateway.talker_request import synthesis_request
+from chorus.gateway.voices import speech_in, voice_clone
 from chorus.runtime.errors import NotFound, Unavailable, status_for
 from chorus.v1 import diffusion_pb2, talker_pb2
 
@@ -178,15 +180,13 @@ class _Unrecoverable(JournaledRun):
         raise Unavailable(f"request {self.request_id} cannot be continued: {self.reason}")
 
 
-async def check_speech_target(ctx: GatewayContext, model: str, voice: str | None) -> None:
-    """NotFound unless the loaded talker is `model` (its id as /v1/models lists it, or that id's last
-    path component) and has `voice` (checkpoints without named speakers take any)."""
-    voices = await ctx.catalog.voices()
-    if model not in (voices.model, PurePath(voices.model).name):
-        raise NotFound(f"model {model!r} not found; GET /v1/models lists the available ones")
-    speakers = {speaker.lower() for speaker in voices.speakers}
-    if voice is not None and speakers and voice.lower() not in speakers:
-        raise NotFound(f"voice {voice!r} not found; GET /v1/audio/voices lists the available ones")
+async def check_speech_target(ctx: GatewayContext, owner: str, body: SpeechRequest) -> Voice | None:
+    """NotFound unless the loaded talker is `body.model` (its id as /v1/models lists it, or that id's last
+    path component) and has `body.voice`; the saved voice it names, None for a built-in speaker or none."""
+    talker = await ctx.catalog.voices()
+    if body.model not in (talker.model, PurePath(talker.model).name):
+        raise NotFound(f"model {body.model!r} not found; GET /v1/models lists the available ones")
+    return await ctx.voices.for_speech(owner, body, talker)
 
 
 async def start_speech(
@@ -202,16 +202,19 @@ async def start_speech(
     With `text_deltas`, `body.input` is only the start of the text: the rest streams in (one
     segment, the talker's streaming-text layout) until the iterator ends.
     """
-    await check_speech_target(ctx, body.model, body.voice)
+    saved_voice = await check_speech_target(ctx, owner, body)
     fields = {"kind": "speech", "model": body.model, "voice": body.voice or "", "response_format": body.response_format}
     record, slot = await _admit(ctx, ("talker", "vocoder"), owner, idempotency_key, **fields)
     if slot is None:
         return record
     try:
         clone = None
-        if ref_audio is not None:
+        if saved_voice is not None:
+            clone = voice_clone(saved_voice)
+            body = speech_in(saved_voice, body)
+        elif ref_audio is not None or body.speaker_embedding is not None:
             clone = await ctx.reference_codes.voice_clone(
-                ref_audio, body.ref_text, body.x_vector_only, record.request_id
+                ref_audio, body.ref_text, body.x_vector_only, record.request_id, body.speaker_embedding
             )
     except BaseException as exc:
         await slot.aclose()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+
 import pydantic
 
 from chorus.gateway.errors import invalid_param_from
-from chorus.gateway.schemas import GenerationRequest, SpeechRequest
+from chorus.gateway.schemas import CreateVoiceRequest, GenerationRequest, SpeechRequest
 from chorus.gateway.state.requests import RequestRecord
+from chorus.gateway.state.voices import Voice
 from chorus.v1 import common_pb2, gateway_pb2, talker_pb2
 
 _FORMATS = {
@@ -23,6 +26,11 @@ _TASK_TYPES = {
     talker_pb2.TASK_TYPE_CUSTOM_VOICE: "custom_voice",
     talker_pb2.TASK_TYPE_VOICE_DESIGN: "voice_design",
     talker_pb2.TASK_TYPE_VOICE_CLONE: "voice_clone",
+}
+_VOICE_TASK_TYPES = {
+    "builtin": talker_pb2.TASK_TYPE_CUSTOM_VOICE,
+    "clone": talker_pb2.TASK_TYPE_VOICE_CLONE,
+    "design": talker_pb2.TASK_TYPE_VOICE_DESIGN,
 }
 _STATES = {
     "queued": gateway_pb2.REQUEST_STATE_QUEUED,
@@ -75,6 +83,8 @@ def speech_request(message: gateway_pb2.SpeakRequest) -> SpeechRequest:
         "ref_audio": "<bytes>" if message.ref_audio else None,
         "ref_text": message.ref_text or None,
         "x_vector_only": message.x_vector_only,
+        # The schema takes the embedding as JSON carries it, base64.
+        "speaker_embedding": base64.b64encode(message.speaker_embedding).decode() or None,
         "seed": message.seed if message.HasField("seed") else None,
         "max_frames": message.max_frames or None,
         "ignore_eos": message.ignore_eos,
@@ -86,6 +96,34 @@ def speech_request(message: gateway_pb2.SpeakRequest) -> SpeechRequest:
         }
         fields["sampling"] = sampling
     return _validated(SpeechRequest, fields)
+
+
+def create_voice_request(message: gateway_pb2.CreateVoiceRequest) -> CreateVoiceRequest:
+    """A CreateVoiceRequest as the REST schema (the audio stays bytes on the message, checked separately)."""
+    fields = {
+        "name": message.name,
+        "audio": "<bytes>" if message.audio else None,
+        "ref_text": message.ref_text or None,
+        "language": message.language or None,
+        "x_vector_only": message.x_vector_only,
+        "instructions": message.instructions or None,
+    }
+    return _validated(CreateVoiceRequest, fields)
+
+
+def voice(voice: Voice) -> gateway_pb2.Voice:
+    return gateway_pb2.Voice(
+        id=voice.voice_id,
+        name=voice.name,
+        model=voice.model,
+        task_type=_VOICE_TASK_TYPES[voice.kind],
+        created_at_s=voice.created_at_s or 0.0,
+        language=voice.language,
+        ref_text=voice.ref_text,
+        ref_duration_s=voice.ref_duration_s,
+        x_vector_only=voice.x_vector_only,
+        instructions=voice.instructions,
+    )
 
 
 def generation_request(message: gateway_pb2.TextToAudioRequest) -> GenerationRequest:

@@ -1,9 +1,10 @@
 """The public gRPC API (`chorus.v1.Chorus`): same auth, validation and status codes as REST.
 
 Auth travels as `authorization: Bearer <key>` metadata. Request status, cancel and resume work
-from Redis state on any gateway replica. Speak and SpeakStream run on the talker and vocoder
-(SpeakStream forwards text deltas to the talker's stream as they arrive), Generate on the
-diffusion service; invalid input is INVALID_ARGUMENT naming the field, missing backends UNAVAILABLE.
+from Redis state on any gateway replica, and so do saved voices (each the caller's own). Speak
+and SpeakStream run on the talker and vocoder (SpeakStream forwards text deltas to the talker's
+stream as they arrive), Generate on the diffusion service; invalid input is INVALID_ARGUMENT
+naming the field, missing backends UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from chorus.gateway.jobs import follow_record, start_generation, start_speech
 from chorus.gateway.ref_audio import check_is_audio
 from chorus.gateway.schemas import SpeechRequest
 from chorus.gateway.streaming import as_speak_outputs, final_message
-from chorus.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, talker_pb2
+from chorus.gateway.voices import MAX_PAGE_SIZE
+from chorus.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 
 async def _text_deltas(messages: AsyncIterator, num_chars: int, max_chars: int) -> AsyncIterator[str]:
@@ -53,11 +55,14 @@ class ChorusServicer(gateway_pb2_grpc.ChorusServicer):
         else:
             speech.check_limits(self.ctx.config.max_input_chars)
         if request.ref_audio:
-            if len(request.ref_audio) > self.ctx.config.max_ref_audio_bytes:
-                raise InvalidParam("ref_audio", f"is larger than {self.ctx.config.max_ref_audio_bytes} bytes")
-            check_is_audio(request.ref_audio)
+            self._check_audio(request.ref_audio, "ref_audio")
         self.ctx.require_backends("talker", "vocoder")
         return speech
+
+    def _check_audio(self, data: bytes, param: str) -> None:
+        if len(data) > self.ctx.config.max_ref_audio_bytes:
+            raise InvalidParam(param, f"is larger than {self.ctx.config.max_ref_audio_bytes} bytes")
+        check_is_audio(data, param)
 
     async def Speak(self, request, context):
         owner = await self._authorize(context)
@@ -120,11 +125,24 @@ class ChorusServicer(gateway_pb2_grpc.ChorusServicer):
         return proto_convert.request_status(await self.ctx.requests.get(request.request_id))
 
     async def ListVoices(self, request, context):
-        await self._authorize(context)
+        owner = await self._authorize(context)
         self.ctx.require_backends("talker")
-        voices = await self.ctx.catalog.voices()
-        named = [
-            gateway_pb2.Voice(name=speaker, model=voices.model, task_type=talker_pb2.TASK_TYPE_CUSTOM_VOICE)
-            for speaker in voices.speakers
-        ]
-        return gateway_pb2.VoiceList(voices=named, languages=voices.languages)
+        voices, has_more = await self.ctx.voices.page(owner, request.after or None, request.limit or MAX_PAGE_SIZE)
+        talker = await self.ctx.catalog.voices()
+        named = [proto_convert.voice(voice) for voice in voices]
+        return gateway_pb2.VoiceList(voices=named, languages=talker.languages, has_more=has_more)
+
+    async def CreateVoice(self, request, context):
+        owner = await self._authorize(context)
+        body = proto_convert.create_voice_request(request)
+        if request.audio:
+            self._check_audio(request.audio, "audio")
+        return proto_convert.voice(await self.ctx.voices.create(owner, body, request.audio or None))
+
+    async def GetVoice(self, request, context):
+        owner = await self._authorize(context)
+        return proto_convert.voice(await self.ctx.voices.get(owner, request.voice))
+
+    async def DeleteVoice(self, request, context):
+        owner = await self._authorize(context)
+        return proto_convert.voice(await self.ctx.voices.delete(owner, request.voice))

@@ -16,35 +16,26 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from chorus.gateway import proto_convert
 from chorus.gateway.audio import FORMATS
 from chorus.gateway.body_limit import BodyLimit
 from chorus.gateway.context import GatewayContext
-from chorus.gateway.errors import UnsupportedMediaType, envelope, error_for_outcome, install_error_handlers
+from chorus.gateway.errors import (
+    OPENAPI_RESPONSES,
+    UnsupportedMediaType,
+    error_for_outcome,
+    install_error_handlers,
+)
 from chorus.gateway.jobs import DIFFUSION_MODEL, follow_record, start_generation, start_speech
 from chorus.gateway.metrics import CountOutcomes
-from chorus.gateway.multipart_speech import MultipartSpeech, multipart_openapi
+from chorus.gateway.multipart_forms import MultipartForms, multipart_openapi
 from chorus.gateway.ref_audio import resolve_ref_audio
+from chorus.gateway.rest_voices import add_voice_routes
 from chorus.gateway.schemas import GenerationRequest, RequestView, SpeechRequest
 from chorus.gateway.state.connection import REDIS_ERRORS
 from chorus.gateway.state.journal import JournalEntry
 from chorus.gateway.state.requests import DONE, TERMINAL, RequestRecord
 from chorus.gateway.streaming import as_bytes, as_sse, skip_bytes, sse_event
 from chorus.runtime.metrics import metrics_registry
-
-_ERROR_RESPONSES = {
-    status: {"description": description, "content": {"application/json": {"example": envelope("…", kind)}}}
-    for status, description, kind in (
-        (400, "Invalid input; `param` names the field.", "invalid_request_error"),
-        (401, "Missing or unknown API key.", "invalid_request_error"),
-        (404, "Unknown model, voice or request.", "invalid_request_error"),
-        (413, "Request body too large.", "invalid_request_error"),
-        (422, "Body does not match the schema.", "invalid_request_error"),
-        (429, "Admission full or rate limit hit; see Retry-After.", "rate_limit_error"),
-        (503, "A backend or Redis is down; see Retry-After.", "server_error"),
-    )
-}
-
 
 # The web page (plain HTML, JS modules and CSS; no build step) ships inside the package.
 WEB_DIR = Path(__file__).parent / "web"
@@ -92,9 +83,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
     config = ctx.config
     app = FastAPI(title="Chorus", version="0.1.0", summary="Text-to-speech and text-to-audio serving.")
     install_error_handlers(app)
-    app.add_middleware(
-        MultipartSpeech, max_ref_audio_bytes=config.max_ref_audio_bytes, max_field_bytes=config.max_body_bytes
-    )
+    app.add_middleware(MultipartForms, max_file_bytes=config.max_ref_audio_bytes, max_field_bytes=config.max_body_bytes)
     app.add_middleware(BodyLimit, max_body_bytes=config.max_body_bytes)
     app.add_middleware(CountOutcomes)
 
@@ -139,10 +128,10 @@ def create_app(ctx: GatewayContext) -> FastAPI:
     @app.post(
         "/v1/audio/speech",
         tags=["speech"],
-        responses=_ERROR_RESPONSES,
+        responses=OPENAPI_RESPONSES,
         dependencies=[Depends(require_json)],
         response_class=Response,
-        openapi_extra=multipart_openapi(),
+        openapi_extra=multipart_openapi(SpeechRequest, "ref_audio", "Voice-clone reference audio file."),
     )
     async def create_speech(
         body: SpeechRequest,
@@ -174,7 +163,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
     @app.post(
         "/v1/audio/generations",
         tags=["text-to-audio"],
-        responses=_ERROR_RESPONSES,
+        responses=OPENAPI_RESPONSES,
         dependencies=[Depends(require_json)],
         response_class=Response,
     )
@@ -220,7 +209,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         finally:
             collecting.cancel()
 
-    @app.get("/v1/models", tags=["catalog"], responses=_ERROR_RESPONSES)
+    @app.get("/v1/models", tags=["catalog"], responses=OPENAPI_RESPONSES)
     async def list_models(owner: str = Depends(authorize)) -> JSONResponse:
         """The models served (talker checkpoint, Stable Audio Open), OpenAI list format."""
         ctx.require_backends("talker")
@@ -230,26 +219,12 @@ def create_app(ctx: GatewayContext) -> FastAPI:
             models.append({"id": DIFFUSION_MODEL, "object": "model", "owned_by": "chorus", "task": "text-to-audio"})
         return JSONResponse({"object": "list", "data": models})
 
-    @app.get("/v1/audio/voices", tags=["catalog"], responses=_ERROR_RESPONSES)
-    async def list_voices(owner: str = Depends(authorize)) -> JSONResponse:
-        """Speakers, task types and languages of the loaded talker checkpoint."""
-        ctx.require_backends("talker")
-        voices = await ctx.catalog.voices()
-        return JSONResponse(
-            {
-                "model": voices.model,
-                "voices": list(voices.speakers),
-                "task_types": [proto_convert.task_type_name(task_type) for task_type in voices.task_types],
-                "languages": list(voices.languages),
-            }
-        )
-
-    @app.get("/v1/requests/{request_id}", tags=["requests"], responses=_ERROR_RESPONSES)
+    @app.get("/v1/requests/{request_id}", tags=["requests"], responses=OPENAPI_RESPONSES)
     async def get_request(request_id: str, owner: str = Depends(authorize)) -> RequestView:
         """Status, timings and usage of a request (any gateway replica can answer)."""
         return _view(await ctx.owned_record(request_id, owner))
 
-    @app.get("/v1/requests/{request_id}/events", tags=["requests"], responses=_ERROR_RESPONSES)
+    @app.get("/v1/requests/{request_id}/events", tags=["requests"], responses=OPENAPI_RESPONSES)
     async def request_events(request_id: str, owner: str = Depends(authorize)) -> StreamingResponse:
         """Server-sent events: `progress` ({step, num_steps}) as the run advances, then one event named
         after the final status (`done`, `failed`, `cancelled`) carrying the request view."""
@@ -266,14 +241,14 @@ def create_app(ctx: GatewayContext) -> FastAPI:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    @app.post("/v1/requests/{request_id}/cancel", tags=["requests"], responses=_ERROR_RESPONSES)
+    @app.post("/v1/requests/{request_id}/cancel", tags=["requests"], responses=OPENAPI_RESPONSES)
     async def cancel_request(request_id: str, owner: str = Depends(authorize)) -> RequestView:
         """Stops a request wherever it runs; a finished request is left as it is."""
         await ctx.owned_record(request_id, owner)
         await ctx.requests.request_cancel(request_id)
         return _view(await ctx.requests.get(request_id))
 
-    @app.get("/v1/requests/{request_id}/audio", tags=["requests"], responses=_ERROR_RESPONSES)
+    @app.get("/v1/requests/{request_id}/audio", tags=["requests"], responses=OPENAPI_RESPONSES)
     async def resume_audio(
         request_id: str,
         after_sequence: int | None = Query(None, ge=0, description="Last chunk sequence the client received."),
@@ -294,4 +269,5 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         media_type = spec.content_type if spec is not None else "application/octet-stream"
         return StreamingResponse(as_bytes(entries), media_type=media_type)
 
+    add_voice_routes(app, ctx, authorize, require_json)
     return app

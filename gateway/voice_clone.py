@@ -12,6 +12,7 @@ import collections
 import hashlib
 
 import grpc
+import numpy as np
 
 from chorus.gateway.backends import BackendPool
 from chorus.gateway.speech_pipeline import upstream_error
@@ -23,14 +24,14 @@ class ReferenceCodes:
         self.backends = backends
         self.max_entries = max_entries
         self.timeout_s = timeout_s
-        self._codes: collections.OrderedDict[str, common_pb2.CodecChunk] = collections.OrderedDict()
+        self._encoded: collections.OrderedDict[str, vocoder_pb2.EncodeResponse] = collections.OrderedDict()
 
-    async def codes(self, audio: bytes, request_id: str) -> common_pb2.CodecChunk:
-        """The codec codes of `audio` (an audio file), from the cache or a vocoder replica."""
+    async def encode(self, audio: bytes, request_id: str) -> vocoder_pb2.EncodeResponse:
+        """The codec codes and duration of `audio` (an audio file), from the cache or a vocoder replica."""
         digest = hashlib.sha256(audio).hexdigest()
-        if digest in self._codes:
-            self._codes.move_to_end(digest)
-            return self._codes[digest]
+        if digest in self._encoded:
+            self._encoded.move_to_end(digest)
+            return self._encoded[digest]
         replica = self.backends.pick("vocoder")
         try:
             reply = await replica.stub.Encode(
@@ -38,17 +39,30 @@ class ReferenceCodes:
             )
         except grpc.aio.AioRpcError as exc:
             raise upstream_error(exc, "vocoder") from None
-        self._codes[digest] = reply.codes
-        if len(self._codes) > self.max_entries:
-            self._codes.popitem(last=False)
-        return reply.codes
+        self._encoded[digest] = reply
+        if len(self._encoded) > self.max_entries:
+            self._encoded.popitem(last=False)
+        return reply
+
+    async def codes(self, audio: bytes, request_id: str) -> common_pb2.CodecChunk:
+        return (await self.encode(audio, request_id)).codes
 
     async def voice_clone(
-        self, audio: bytes, reference_text: str | None, x_vector_only: bool, request_id: str
+        self,
+        audio: bytes | None,
+        reference_text: str | None,
+        x_vector_only: bool,
+        request_id: str,
+        speaker_embedding: bytes | None = None,
     ) -> talker_pb2.VoiceClone:
-        """The talker's VoiceClone for a reference: the audio itself, plus codes and text for ICL."""
-        clone = talker_pb2.VoiceClone(reference_audio=audio, x_vector_only=x_vector_only)
-        if not x_vector_only:
+        """The talker's VoiceClone for a reference: the audio itself (or the precomputed float32 `speaker_embedding`,
+        which the talker then uses instead), plus codes and text for ICL. Without audio, only the embedding."""
+        clone = talker_pb2.VoiceClone(x_vector_only=x_vector_only or audio is None)
+        if speaker_embedding:
+            clone.speaker_embedding.extend(np.frombuffer(speaker_embedding, dtype="<f4").tolist())
+        else:
+            clone.reference_audio = audio
+        if not clone.x_vector_only:
             clone.reference_codes.CopyFrom(await self.codes(audio, request_id))
             clone.reference_text = reference_text or ""
         return clone

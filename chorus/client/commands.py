@@ -1,4 +1,5 @@
-"""The user commands of `chorus`: say, gen, voices, status, resume — thin shells over `chorus.client.Client`."""
+"""The user commands of `chorus`: say, gen, voices (ls, add, rm), status, resume — thin shells over
+`chorus.client.Client`."""
 
 from __future__ import annotations
 
@@ -60,10 +61,37 @@ def gen(args: argparse.Namespace) -> int:
     return 0
 
 
-def voices(args: argparse.Namespace) -> int:
+def voices_ls(args: argparse.Namespace) -> int:
+    """Every voice: the built-in speakers, then yours (all pages), with the talker's task types and languages."""
     with _client(args) as client:
         listing = client.voices()
+        page = listing
+        while page["has_more"]:
+            page = client.voices(after=page["last_id"])
+            listing["data"] += page["data"]
+    listing |= {"has_more": False, "last_id": listing["data"][-1]["id"] if listing["data"] else None}
     print(json.dumps(listing, indent=2))
+    return 0
+
+
+def voices_add(args: argparse.Namespace) -> int:
+    if (args.ref_audio is None) == (args.instructions is None):
+        print("chorus voices add: give a reference audio file or --instructions (not both)", file=sys.stderr)
+        return 2
+    audio = Path(args.ref_audio).read_bytes() if args.ref_audio else None
+    fields = {"ref_text": args.ref_text, "language": args.language, "x_vector_only": args.x_vector_only,
+              "instructions": args.instructions}  # fmt: skip
+    with _client(args) as client:
+        voice = client.create_voice(args.name, audio, **fields)
+    print(json.dumps(voice, indent=2))
+    print(f"saved voice {voice['name']!r} ({voice['id']}): use it with --voice", file=sys.stderr)
+    return 0
+
+
+def voices_rm(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        deleted = client.delete_voice(args.name)
+    print(f"deleted voice {args.name!r} ({deleted['id']})", file=sys.stderr)
     return 0
 
 
@@ -93,10 +121,10 @@ def _guarded(command):
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    def add(name: str, help: str, handler) -> argparse.ArgumentParser:
-        parser = commands.add_parser(name, help=help)
-        parser.add_argument("--url", default=None, help="Gateway REST URL (default: $CHORUS_URL or :8000).")
-        parser.add_argument("--api-key", default=None, help="Default: $CHORUS_API_KEY.")
+    def add(name: str, help: str, handler, parent=commands, default=None) -> argparse.ArgumentParser:
+        parser = parent.add_parser(name, help=help)
+        parser.add_argument("--url", default=default, help="Gateway REST URL (default: $CHORUS_URL or :8000).")
+        parser.add_argument("--api-key", default=default, help="Default: $CHORUS_API_KEY.")
         parser.set_defaults(handler=_guarded(handler))
         return parser
 
@@ -118,7 +146,23 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--negative-prompt", default=None)
-    add("voices", "List the voices and languages.", voices)
+    voices = add("voices", "List (the default), save and delete voices.", voices_ls)
+    actions = voices.add_subparsers(dest="action", metavar="{ls,add,rm}")
+
+    def add_action(name: str, help: str, handler) -> argparse.ArgumentParser:
+        # SUPPRESS: an option left out after the action keeps what came before it (`chorus voices --url U ls`).
+        return add(name, help, handler, actions, argparse.SUPPRESS)
+
+    add_action("ls", "The built-in speakers and your saved voices, as JSON.", voices_ls)
+    p = add_action("add", "Save a voice from a reference recording (or --instructions).", voices_add)
+    p.add_argument("name")
+    p.add_argument("ref_audio", nargs="?", help="An audio file of the voice (1 to 30 s is plenty).")
+    p.add_argument("--ref-text", default=None, help="What the recording says: the voice then clones in context.")
+    p.add_argument("--language", default=None, help="Default language of speech in this voice.")
+    p.add_argument("--x-vector-only", action="store_true", help="Keep only the speaker embedding.")
+    p.add_argument("--instructions", default=None, help="A designed voice: its description, without audio.")
+    p = add_action("rm", "Delete one of your saved voices.", voices_rm)
+    p.add_argument("name", help="Its name or id.")
     p = add("status", "A request's status, timings and usage.", status)
     p.add_argument("request_id")
     p = add("resume", "The rest of a cut speech stream, into a file.", resume)

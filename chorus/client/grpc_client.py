@@ -10,7 +10,7 @@ import os
 import grpc
 
 from chorus.client.errors import from_rpc_error
-from chorus.v1 import gateway_pb2, gateway_pb2_grpc, talker_pb2
+from chorus.v1 import gateway_pb2, gateway_pb2_grpc
 
 FORMATS = {
     name: getattr(gateway_pb2, f"AUDIO_FORMAT_{name.upper()}") for name in ("mp3", "opus", "aac", "flac", "wav", "pcm")
@@ -56,12 +56,29 @@ class GrpcClient:
             raise from_rpc_error(error, self.target) from None
         return request_id, audio
 
-    def voices(self) -> list[str]:
+    def _unary(self, method: str, request):
         try:
-            reply = self._stub.ListVoices(talker_pb2.ListVoicesRequest(), metadata=self._metadata)
+            return getattr(self._stub, method)(request, metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error, self.target) from None
-        return [voice.name for voice in reply.voices]
+
+    def voices(self) -> list[str]:
+        """The names of the built-in speakers and of your saved voices (the first page)."""
+        return [voice.name for voice in self.list_voices().voices]
+
+    def list_voices(self, after: str = "", limit: int = 0) -> gateway_pb2.VoiceList:
+        return self._unary("ListVoices", gateway_pb2.VoiceListRequest(after=after, limit=limit))
+
+    def create_voice(self, name: str, audio: bytes = b"", **fields) -> gateway_pb2.Voice:
+        """Saves a voice from `audio` (an audio file's bytes; fields: ref_text, language, x_vector_only) or from
+        `instructions` alone; use it as `voice=name`."""
+        return self._unary("CreateVoice", gateway_pb2.CreateVoiceRequest(name=name, audio=audio, **fields))
+
+    def voice(self, voice: str) -> gateway_pb2.Voice:
+        return self._unary("GetVoice", gateway_pb2.VoiceRef(voice=voice))
+
+    def delete_voice(self, voice: str) -> gateway_pb2.Voice:
+        return self._unary("DeleteVoice", gateway_pb2.VoiceRef(voice=voice))
 
 
 class AsyncGrpcClient:
@@ -91,9 +108,23 @@ class AsyncGrpcClient:
             raise from_rpc_error(error, self.target) from None
         return request_id, audio
 
-    async def voices(self) -> list[str]:
+    async def _unary(self, method: str, request):
         try:
-            reply = await self._stub.ListVoices(talker_pb2.ListVoicesRequest(), metadata=self._metadata)
+            return await getattr(self._stub, method)(request, metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error, self.target) from None
-        return [voice.name for voice in reply.voices]
+
+    async def voices(self) -> list[str]:
+        return [voice.name for voice in (await self.list_voices()).voices]
+
+    async def list_voices(self, after: str = "", limit: int = 0) -> gateway_pb2.VoiceList:
+        return await self._unary("ListVoices", gateway_pb2.VoiceListRequest(after=after, limit=limit))
+
+    async def create_voice(self, name: str, audio: bytes = b"", **fields) -> gateway_pb2.Voice:
+        return await self._unary("CreateVoice", gateway_pb2.CreateVoiceRequest(name=name, audio=audio, **fields))
+
+    async def voice(self, voice: str) -> gateway_pb2.Voice:
+        return await self._unary("GetVoice", gateway_pb2.VoiceRef(voice=voice))
+
+    async def delete_voice(self, voice: str) -> gateway_pb2.Voice:
+        return await self._unary("DeleteVoice", gateway_pb2.VoiceRef(voice=voice))

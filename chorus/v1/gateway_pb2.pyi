@@ -42,7 +42,7 @@ REQUEST_STATE_FAILED: RequestState
 REQUEST_STATE_CANCELLED: RequestState
 
 class SpeakRequest(_message.Message):
-    __slots__ = ("model", "input", "voice", "instructions", "response_format", "speed", "language", "task_type", "ref_audio", "ref_text", "x_vector_only", "sampling", "seed", "max_frames", "idempotency_key", "ignore_eos")
+    __slots__ = ("model", "input", "voice", "instructions", "response_format", "speed", "language", "task_type", "ref_audio", "ref_text", "x_vector_only", "sampling", "seed", "max_frames", "idempotency_key", "ignore_eos", "speaker_embedding")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     VOICE_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class SpeakRequest(_message.Message):
     MAX_FRAMES_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     model: str
     input: str
     voice: str
@@ -75,7 +76,8 @@ class SpeakRequest(_message.Message):
     max_frames: int
     idempotency_key: str
     ignore_eos: bool
-    def __init__(self, model: _Optional[str] = ..., input: _Optional[str] = ..., voice: _Optional[str] = ..., instructions: _Optional[str] = ..., response_format: _Optional[_Union[AudioFormat, str]] = ..., speed: _Optional[float] = ..., language: _Optional[str] = ..., task_type: _Optional[_Union[_talker_pb2.TaskType, str]] = ..., ref_audio: _Optional[bytes] = ..., ref_text: _Optional[str] = ..., x_vector_only: bool = ..., sampling: _Optional[_Union[_talker_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., max_frames: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., ignore_eos: bool = ...) -> None: ...
+    speaker_embedding: bytes
+    def __init__(self, model: _Optional[str] = ..., input: _Optional[str] = ..., voice: _Optional[str] = ..., instructions: _Optional[str] = ..., response_format: _Optional[_Union[AudioFormat, str]] = ..., speed: _Optional[float] = ..., language: _Optional[str] = ..., task_type: _Optional[_Union[_talker_pb2.TaskType, str]] = ..., ref_audio: _Optional[bytes] = ..., ref_text: _Optional[str] = ..., x_vector_only: bool = ..., sampling: _Optional[_Union[_talker_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., max_frames: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., ignore_eos: bool = ..., speaker_embedding: _Optional[bytes] = ...) -> None: ...
 
 class SpeakInput(_message.Message):
     __slots__ = ("request", "text_delta", "end_of_input")
@@ -182,19 +184,65 @@ class RequestStatus(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[_Union[RequestState, str]] = ..., model: _Optional[str] = ..., voice: _Optional[str] = ..., created_at_s: _Optional[float] = ..., started_at_s: _Optional[float] = ..., finished_at_s: _Optional[float] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ..., last_sequence: _Optional[int] = ...) -> None: ...
 
 class Voice(_message.Message):
-    __slots__ = ("name", "model", "task_type")
+    __slots__ = ("name", "model", "task_type", "id", "created_at_s", "language", "ref_text", "ref_duration_s", "x_vector_only", "instructions")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    REF_TEXT_FIELD_NUMBER: _ClassVar[int]
+    REF_DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    X_VECTOR_ONLY_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     task_type: _talker_pb2.TaskType
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., task_type: _Optional[_Union[_talker_pb2.TaskType, str]] = ...) -> None: ...
+    id: str
+    created_at_s: float
+    language: str
+    ref_text: str
+    ref_duration_s: float
+    x_vector_only: bool
+    instructions: str
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., task_type: _Optional[_Union[_talker_pb2.TaskType, str]] = ..., id: _Optional[str] = ..., created_at_s: _Optional[float] = ..., language: _Optional[str] = ..., ref_text: _Optional[str] = ..., ref_duration_s: _Optional[float] = ..., x_vector_only: bool = ..., instructions: _Optional[str] = ...) -> None: ...
+
+class VoiceListRequest(_message.Message):
+    __slots__ = ("after", "limit")
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    after: str
+    limit: int
+    def __init__(self, after: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class VoiceList(_message.Message):
-    __slots__ = ("voices", "languages")
+    __slots__ = ("voices", "languages", "has_more")
     VOICES_FIELD_NUMBER: _ClassVar[int]
     LANGUAGES_FIELD_NUMBER: _ClassVar[int]
+    HAS_MORE_FIELD_NUMBER: _ClassVar[int]
     voices: _containers.RepeatedCompositeFieldContainer[Voice]
     languages: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, voices: _Optional[_Iterable[_Union[Voice, _Mapping]]] = ..., languages: _Optional[_Iterable[str]] = ...) -> None: ...
+    has_more: bool
+    def __init__(self, voices: _Optional[_Iterable[_Union[Voice, _Mapping]]] = ..., languages: _Optional[_Iterable[str]] = ..., has_more: bool = ...) -> None: ...
+
+class CreateVoiceRequest(_message.Message):
+    __slots__ = ("name", "audio", "ref_text", "language", "x_vector_only", "instructions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    REF_TEXT_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    X_VECTOR_ONLY_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    audio: bytes
+    ref_text: str
+    language: str
+    x_vector_only: bool
+    instructions: str
+    def __init__(self, name: _Optional[str] = ..., audio: _Optional[bytes] = ..., ref_text: _Optional[str] = ..., language: _Optional[str] = ..., x_vector_only: bool = ..., instructions: _Optional[str] = ...) -> None: ...
+
+class VoiceRef(_message.Message):
+    __slots__ = ("voice",)
+    VOICE_FIELD_NUMBER: _ClassVar[int]
+    voice: str
+    def __init__(self, voice: _Optional[str] = ...) -> None: ...

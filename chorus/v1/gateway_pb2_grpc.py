@@ -4,7 +4,6 @@ import grpc
 import warnings
 
 from chorus.v1 import gateway_pb2 as chorus_dot_v1_dot_gateway__pb2
-from chorus.v1 import talker_pb2 as chorus_dot_v1_dot_talker__pb2
 
 GRPC_GENERATED_VERSION = '1.76.0'
 GRPC_VERSION = grpc.__version__
@@ -67,8 +66,23 @@ class ChorusStub(object):
                 _registered_method=True)
         self.ListVoices = channel.unary_unary(
                 '/chorus.v1.Chorus/ListVoices',
-                request_serializer=chorus_dot_v1_dot_talker__pb2.ListVoicesRequest.SerializeToString,
+                request_serializer=chorus_dot_v1_dot_gateway__pb2.VoiceListRequest.SerializeToString,
                 response_deserializer=chorus_dot_v1_dot_gateway__pb2.VoiceList.FromString,
+                _registered_method=True)
+        self.CreateVoice = channel.unary_unary(
+                '/chorus.v1.Chorus/CreateVoice',
+                request_serializer=chorus_dot_v1_dot_gateway__pb2.CreateVoiceRequest.SerializeToString,
+                response_deserializer=chorus_dot_v1_dot_gateway__pb2.Voice.FromString,
+                _registered_method=True)
+        self.GetVoice = channel.unary_unary(
+                '/chorus.v1.Chorus/GetVoice',
+                request_serializer=chorus_dot_v1_dot_gateway__pb2.VoiceRef.SerializeToString,
+                response_deserializer=chorus_dot_v1_dot_gateway__pb2.Voice.FromString,
+                _registered_method=True)
+        self.DeleteVoice = channel.unary_unary(
+                '/chorus.v1.Chorus/DeleteVoice',
+                request_serializer=chorus_dot_v1_dot_gateway__pb2.VoiceRef.SerializeToString,
+                response_deserializer=chorus_dot_v1_dot_gateway__pb2.Voice.FromString,
                 _registered_method=True)
 
 
@@ -117,7 +131,31 @@ class ChorusServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def ListVoices(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The talker's built-in speakers, then the caller's saved voices (oldest first), a page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateVoice(self, request, context):
+        """Saves a voice: cloned from reference audio (its codes and speaker embedding computed once, here), or
+        designed from instructions alone. Speak and SpeakStream then take its name or id as `voice`.
+        ALREADY_EXISTS when the caller has a voice of that name, FAILED_PRECONDITION at the per-key limit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetVoice(self, request, context):
+        """A saved voice of the caller (or a built-in speaker); another API key's voices are NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteVoice(self, request, context):
+        """Deletes a saved voice of the caller; answers what was deleted.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -157,8 +195,23 @@ def add_ChorusServicer_to_server(servicer, server):
             ),
             'ListVoices': grpc.unary_unary_rpc_method_handler(
                     servicer.ListVoices,
-                    request_deserializer=chorus_dot_v1_dot_talker__pb2.ListVoicesRequest.FromString,
+                    request_deserializer=chorus_dot_v1_dot_gateway__pb2.VoiceListRequest.FromString,
                     response_serializer=chorus_dot_v1_dot_gateway__pb2.VoiceList.SerializeToString,
+            ),
+            'CreateVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateVoice,
+                    request_deserializer=chorus_dot_v1_dot_gateway__pb2.CreateVoiceRequest.FromString,
+                    response_serializer=chorus_dot_v1_dot_gateway__pb2.Voice.SerializeToString,
+            ),
+            'GetVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetVoice,
+                    request_deserializer=chorus_dot_v1_dot_gateway__pb2.VoiceRef.FromString,
+                    response_serializer=chorus_dot_v1_dot_gateway__pb2.Voice.SerializeToString,
+            ),
+            'DeleteVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteVoice,
+                    request_deserializer=chorus_dot_v1_dot_gateway__pb2.VoiceRef.FromString,
+                    response_serializer=chorus_dot_v1_dot_gateway__pb2.Voice.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -348,8 +401,89 @@ class Chorus(object):
             request,
             target,
             '/chorus.v1.Chorus/ListVoices',
-            chorus_dot_v1_dot_talker__pb2.ListVoicesRequest.SerializeToString,
+            chorus_dot_v1_dot_gateway__pb2.VoiceListRequest.SerializeToString,
             chorus_dot_v1_dot_gateway__pb2.VoiceList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chorus.v1.Chorus/CreateVoice',
+            chorus_dot_v1_dot_gateway__pb2.CreateVoiceRequest.SerializeToString,
+            chorus_dot_v1_dot_gateway__pb2.Voice.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chorus.v1.Chorus/GetVoice',
+            chorus_dot_v1_dot_gateway__pb2.VoiceRef.SerializeToString,
+            chorus_dot_v1_dot_gateway__pb2.Voice.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chorus.v1.Chorus/DeleteVoice',
+            chorus_dot_v1_dot_gateway__pb2.VoiceRef.SerializeToString,
+            chorus_dot_v1_dot_gateway__pb2.Voice.FromString,
             options,
             channel_credentials,
             insecure,

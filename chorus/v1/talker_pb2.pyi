@@ -120,3 +120,15 @@ class ListVoicesResponse(_message.Message):
     speakers: _containers.RepeatedScalarFieldContainer[str]
     languages: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, model: _Optional[str] = ..., task_types: _Optional[_Iterable[_Union[TaskType, str]]] = ..., speakers: _Optional[_Iterable[str]] = ..., languages: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EmbedSpeakerRequest(_message.Message):
+    __slots__ = ("audio",)
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    audio: bytes
+    def __init__(self, audio: _Optional[bytes] = ...) -> None: ...
+
+class EmbedSpeakerResponse(_message.Message):
+    __slots__ = ("speaker_embedding",)
+    SPEAKER_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    speaker_embedding: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, speaker_embedding: _Optional[_Iterable[float]] = ...) -> None: ...

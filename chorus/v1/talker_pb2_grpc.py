@@ -50,6 +50,11 @@ class TalkerStub(object):
                 request_serializer=chorus_dot_v1_dot_talker__pb2.ListVoicesRequest.SerializeToString,
                 response_deserializer=chorus_dot_v1_dot_talker__pb2.ListVoicesResponse.FromString,
                 _registered_method=True)
+        self.EmbedSpeaker = channel.unary_unary(
+                '/chorus.v1.Talker/EmbedSpeaker',
+                request_serializer=chorus_dot_v1_dot_talker__pb2.EmbedSpeakerRequest.SerializeToString,
+                response_deserializer=chorus_dot_v1_dot_talker__pb2.EmbedSpeakerResponse.FromString,
+                _registered_method=True)
 
 
 class TalkerServicer(object):
@@ -76,6 +81,12 @@ class TalkerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EmbedSpeaker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TalkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +104,11 @@ def add_TalkerServicer_to_server(servicer, server):
                     servicer.ListVoices,
                     request_deserializer=chorus_dot_v1_dot_talker__pb2.ListVoicesRequest.FromString,
                     response_serializer=chorus_dot_v1_dot_talker__pb2.ListVoicesResponse.SerializeToString,
+            ),
+            'EmbedSpeaker': grpc.unary_unary_rpc_method_handler(
+                    servicer.EmbedSpeaker,
+                    request_deserializer=chorus_dot_v1_dot_talker__pb2.EmbedSpeakerRequest.FromString,
+                    response_serializer=chorus_dot_v1_dot_talker__pb2.EmbedSpeakerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +192,33 @@ class Talker(object):
             '/chorus.v1.Talker/ListVoices',
             chorus_dot_v1_dot_talker__pb2.ListVoicesRequest.SerializeToString,
             chorus_dot_v1_dot_talker__pb2.ListVoicesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EmbedSpeaker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chorus.v1.Talker/EmbedSpeaker',
+            chorus_dot_v1_dot_talker__pb2.EmbedSpeakerRequest.SerializeToString,
+            chorus_dot_v1_dot_talker__pb2.EmbedSpeakerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,5 @@
-"""Redis key names. Keys of one request share a hash tag so a Redis Cluster keeps them in one slot."""
+"""Redis key names. Keys of one request (or of one owner's voices) share a hash tag, so a Redis Cluster keeps
+them in one slot and one Lua script may touch them all."""
 
 from __future__ import annotations
 
@@ -42,3 +43,22 @@ def idempotency(owner: str, key: str) -> str:
 
 def rate_bucket(key_id: str) -> str:
     return f"{PREFIX}:rate:{key_id}"
+
+
+def _voices(owner: str) -> str:
+    """The prefix of one owner's voice keys; "" (no API keys configured) is the one shared namespace."""
+    return f"{PREFIX}:{{voices:{owner or 'shared'}}}"
+
+
+def voice(owner: str, voice_id: str) -> str:
+    return f"{_voices(owner)}:voice:{voice_id}"
+
+
+def voice_index(owner: str) -> str:
+    """Sorted set of the owner's voice ids, scored by creation time (list order and pagination)."""
+    return f"{_voices(owner)}:index"
+
+
+def voice_names(owner: str) -> str:
+    """Hash of the owner's voice names (case-folded) → voice id: names are unique per owner."""
+    return f"{_voices(owner)}:names"

@@ -52,6 +52,7 @@ async function loadCatalog() {
     }
     status.textContent = `Models: ${models.data.map((model) => model.id).join(", ")}`;
     status.classList.remove("error");
+    await clone.savedVoices.load();
     forms.forEach((form) => (form.inert = false));
     document.getElementById("generate-form").inert = !catalog.diffusionModel;
     document.getElementById("generate-unavailable").hidden = Boolean(catalog.diffusionModel);
@@ -77,6 +78,6 @@ setUpTabs();
 setUpApiKey();
 const recent = new RecentRequests(document.getElementById("panel-recent"));
 new SpeechTab(document.getElementById("panel-speech"), catalog, recent);
-new CloneTab(document.getElementById("panel-clone"), catalog, recent);
+const clone = new CloneTab(document.getElementById("panel-clone"), catalog, recent);
 new GenerateTab(document.getElementById("panel-generate"), catalog, recent);
 window.chorus.ready = loadCatalog();

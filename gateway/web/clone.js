@@ -1,7 +1,9 @@
 // Voice clone: a reference recording (an uploaded file or one made with the microphone) and,
-// optionally, what it says; sent as multipart/form-data with `ref_audio` as the file.
+// optionally, what it says; sent as multipart/form-data with `ref_audio` as the file. Or a saved
+// voice, named in the request: the reference can be saved as one.
 import { runSpeech } from "./speech.js";
 import { ResultView } from "./result_view.js";
+import { SavedVoices } from "./saved_voices.js";
 import { beginRun } from "./state.js";
 
 const FORMAT = "wav";
@@ -30,17 +32,34 @@ export class CloneTab {
       event.preventDefault();
       this.clone();
     });
+    // A picked saved voice brings its own reference: the reference inputs rest meanwhile.
+    const referenceInputs = this.form.querySelector("fieldset.reference");
+    this.savedVoices = new SavedVoices(this.form, (voiceId) => (referenceInputs.disabled = Boolean(voiceId)));
+    this.saveStatus = this.form.querySelector(".save-status");
+    this.form.querySelector("button.save-voice").addEventListener("click", () => this.saveVoice());
+    this.form.querySelector("button.delete-voice").addEventListener("click", () => this.deleteVoice());
+  }
+
+  /** The chosen file or the recording; shows an error and returns null when there is neither. */
+  #reference() {
+    const reference = this.form.elements.ref_audio.files[0] || this.recorded;
+    if (!reference) this.view.showError(new Error("Choose a reference file or record one first."));
+    return reference || null;
   }
 
   async clone() {
     const fields = this.form.elements;
     this.view.reset();
     beginRun();
-    const reference = fields.ref_audio.files[0] || this.recorded;
-    if (!reference) {
-      this.view.showError(new Error("Choose a reference file or record one first."));
+    if (this.savedVoices.picked) {
+      const body = { model: this.catalog.speechModel, input: fields.text.value, response_format: FORMAT };
+      body.voice = this.savedVoices.picked;
+      if (fields.language.value) body.language = fields.language.value;
+      await this.#speak(body);
       return;
     }
+    const reference = this.#reference();
+    if (!reference) return;
     const body = new FormData();
     body.append("model", this.catalog.speechModel);
     body.append("input", fields.text.value);
@@ -52,10 +71,46 @@ export class CloneTab {
     // embedding alone (x-vector) still carries the voice.
     if (refText) body.append("ref_text", refText);
     else body.append("x_vector_only", "true");
+    await this.#speak(body);
+  }
+
+  async #speak(body) {
     const button = this.form.querySelector("button[type=submit]");
     button.disabled = true;
     await runSpeech({ body, format: FORMAT, view: this.view, recent: this.recent });
     button.disabled = false;
+  }
+
+  async saveVoice() {
+    const fields = this.form.elements;
+    this.view.reset();
+    beginRun();
+    this.saveStatus.textContent = "";
+    const reference = this.#reference();
+    const name = fields.voice_name.value.trim();
+    if (!reference) return;
+    if (!name) {
+      this.view.showError(new Error("Name the voice first."));
+      return;
+    }
+    const refText = fields.ref_text.value.trim();
+    try {
+      const voice = await this.savedVoices.save({ name, reference, refText, language: fields.language.value });
+      this.saveStatus.textContent = `Saved “${voice.name}”.`;
+    } catch (err) {
+      this.view.showError(err);
+    }
+  }
+
+  async deleteVoice() {
+    this.view.reset();
+    beginRun();
+    try {
+      await this.savedVoices.deletePicked();
+      this.saveStatus.textContent = "Deleted.";
+    } catch (err) {
+      this.view.showError(err);
+    }
   }
 
   async #toggleRecording() {

@@ -59,11 +59,11 @@ def _sampling(defaults: SamplingParams, message: talker_pb2.SamplingParams, seed
     return SamplingParams(**{**fields, **overrides})
 
 
-def _reference_audio(data: bytes) -> torch.Tensor:
+def _reference_audio(data: bytes, field: str = "reference_audio") -> torch.Tensor:
     from chorus.vocoder.audio_io import decode_audio
 
     waveform = decode_audio(
-        data, sample_rate_hz=SPEAKER_SAMPLE_RATE_HZ, max_duration_s=MAX_REFERENCE_AUDIO_S, field="reference_audio"
+        data, sample_rate_hz=SPEAKER_SAMPLE_RATE_HZ, max_duration_s=MAX_REFERENCE_AUDIO_S, field=field
     )
     return torch.from_numpy(waveform)
 
@@ -222,6 +222,16 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
             speakers=speakers,
             languages=languages,
         )
+
+    async def EmbedSpeaker(self, request, context):
+        engine = self.service.require_engine()
+        key = SpeakerVectorCache.key(request.audio)
+        vector = self.service.speaker_vectors.get(key)
+        if vector is None:
+            audio = await asyncio.to_thread(_reference_audio, request.audio, "audio")
+            vector = await asyncio.wrap_future(engine.embed_speaker(audio))
+            self.service.speaker_vectors.put(key, vector)
+        return talker_pb2.EmbedSpeakerResponse(speaker_embedding=vector.float().tolist())
 
 
 class TalkerService(Service):

@@ -96,6 +96,8 @@ def test_redis_url_points_at_the_redis_service():
     services = load_compose(BASE)["services"]
     assert services["gateway"]["environment"]["CHORUS_GATEWAY_REDIS_URL"] == "redis://redis:6379/0"
     assert services["redis"]["healthcheck"]["test"] == ["CMD", "valkey-cli", "ping"]
+    command = services["redis"]["command"]  # saved voices live without a TTL: an append-only file on a volume
+    assert command[command.index("--appendonly") + 1] == "yes" and services["redis"]["volumes"] == ["redis-data:/data"]
 
 
 def test_stop_grace_period_outlasts_the_drain():

@@ -263,6 +263,10 @@ def test_redis_is_bundled_or_external(render):
     assert not by_kind(external, "StatefulSet")
     gateway = by_kind(external, "Deployment")[f"{FULLNAME}-gateway"]
     assert env_values(gateway)["CHORUS_GATEWAY_REDIS_URL"] == {"secretKeyRef": {"name": "chorus-redis", "key": "url"}}
+    for persistence in ("false", "true"):  # saved voices live without a TTL: Redis writes an append-only file
+        (redis,) = by_kind(render("default", f"redis.persistence.enabled={persistence}"), "StatefulSet").values()
+        args = redis["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--appendonly") + 1] == "yes"
     url_values = render("default", "redis.enabled=false", "externalRedis.url=redis://cache:6379/2")
     gateway = by_kind(url_values, "Deployment")[f"{FULLNAME}-gateway"]
     assert env_values(gateway)["CHORUS_GATEWAY_REDIS_URL"] == "redis://cache:6379/2"

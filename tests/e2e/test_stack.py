@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,6 +65,7 @@ def start_stack(*flags: str, stderr_path: Path | None = None) -> tuple[subproces
     and the supervisor's lines) goes to `stderr_path` when given."""
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     command = [sys.executable, "-m", "chorus.cli", "up", "--rest-port", "0", "--grpc-port-base", "0", "--grace-s", "5"]
+    command += ["--redis-dir", tempfile.mkdtemp(prefix="chorus-redis-")]
     with contextlib.ExitStack() as files:
         stderr = subprocess.DEVNULL if stderr_path is None else files.enter_context(stderr_path.open("w"))
         process = subprocess.Popen([*command, *flags], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)

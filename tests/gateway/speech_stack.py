@@ -46,17 +46,23 @@ async def speech_stack(start_gateway, redis_url: str, cache_dir: str, talker_ove
             target,
         ),
     ):
-        backends = service.context.backends
-        for _ in range(200):
-            if all(backends.replicas[kind][0].is_healthy for kind in ("talker", "vocoder")):
-                break
-            await asyncio.sleep(0.05)
+        await until_healthy(service)
         yield service, http, target, talker, vocoder
 
 
-def reference_wav() -> bytes:
-    """One second of a tone as a WAV file: a voice-clone reference."""
-    waveform = np.sin(np.linspace(0, 2000, SAMPLE_RATE_HZ)).astype(np.float32) * 0.3
+async def until_healthy(gateway, kinds: tuple[str, ...] = ("talker", "vocoder")) -> None:
+    """Waits (up to 10 s) until the gateway has seen a healthy replica of each backend in `kinds`."""
+    backends = gateway.context.backends
+    for _ in range(200):
+        if all(backends.replicas[kind][0].is_healthy for kind in kinds):
+            return
+        await asyncio.sleep(0.05)
+
+
+def reference_wav(duration_s: float = 1.0) -> bytes:
+    """A tone as a WAV file (one second by default): a voice-clone reference."""
+    num_samples = int(duration_s * SAMPLE_RATE_HZ)
+    waveform = np.sin(np.linspace(0, 2000 * duration_s, num_samples)).astype(np.float32) * 0.3
     buffer = io.BytesIO()
     with av.open(buffer, "w", format="wav") as container:
         stream = container.add_stream("pcm_s16le", rate=SAMPLE_RATE_HZ, layout="mono")

@@ -11,7 +11,7 @@ import sys
 
 import av
 import pytest
-from speech_stack import hosted, speech_stack
+from speech_stack import hosted, reference_wav, speech_stack
 
 from chorus.cli import main
 from chorus.client import APIError, AsyncClient, AsyncGrpcClient, Client, GatewayUnreachable, GrpcClient
@@ -117,6 +117,63 @@ async def test_cli_commands(stack, tmp_path, capsys):
     assert "ryan" in json.loads(capsys.readouterr().out)["voices"]
     assert await in_thread(main, ["status", "no-such-request", "--url", url]) == 1
     assert "chorus status: 404" in capsys.readouterr().err
+
+
+async def test_clients_and_cli_save_use_and_delete_voices(stack, tmp_path, capsys):
+    url, target = stack
+    reference = tmp_path / "me.wav"
+    reference.write_bytes(reference_wav())
+    argv = ["voices", "--url", url, "add", "Me", str(reference), "--ref-text", "A tone."]  # --url before the action
+    assert await in_thread(main, argv) == 0
+    saved = json.loads(capsys.readouterr().out)
+    assert (saved["name"], saved["kind"], saved["x_vector_only"]) == ("Me", "clone", False)
+    out = tmp_path / "me-says.wav"
+    assert await in_thread(main, ["say", "Hello there.", "-o", str(out), "--voice", "Me", "--url", url]) == 0
+    assert decoded(out.read_bytes())[0] == 24_000
+    assert await in_thread(main, ["voices", "ls", "--url", url]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert "ryan" in listed["voices"] and saved["id"] in [voice["id"] for voice in listed["data"]]
+    assert await in_thread(main, ["voices", "add", "Calm", "--instructions", "A calm voice.", "--url", url]) == 0
+    assert json.loads(capsys.readouterr().out)["kind"] == "design"
+    for name in ("Me", "Calm"):
+        assert await in_thread(main, ["voices", "rm", name, "--url", url]) == 0
+    assert await in_thread(main, ["voices", "rm", "Me", "--url", url]) == 1
+    assert "chorus voices: 404" in capsys.readouterr().err
+
+    say = {"seed": 3, "max_frames": 12, "response_format": "pcm"}
+
+    def blocking():
+        with Client(url) as client:
+            voice = client.create_voice("Rest voice", reference_wav(), ref_text="A tone.")
+            pcm = client.speech("Hello there.", voice="rest voice", **say)
+            same = client.speech("Hello there.", voice=client.voice("Rest voice")["id"], **say)
+            assert voice["id"] == client.voice("REST VOICE")["id"]
+            first_page = client.voices(limit=1)
+            client.delete_voice("Rest voice")
+            return pcm, same, first_page
+
+    pcm, same, first_page = await in_thread(blocking)
+    assert pcm == same and len(pcm) > 0 and len(first_page["data"]) == 1 and first_page["has_more"]
+    async with AsyncClient(url) as client:
+        voice = await client.create_voice("Async voice", instructions="A calm voice.")
+        assert (await client.voice("async voice"))["id"] == voice["id"]
+        assert await client.speech("Hello there.", voice="Async voice", **say)
+        assert (await client.delete_voice(voice["id"]))["deleted"] is True
+    model = (await AsyncClient(url).models())[0]["id"]
+    async with AsyncGrpcClient(target) as client:
+        voice = await client.create_voice("Grpc voice", reference_wav(), ref_text="A tone.")
+        assert "Grpc voice" in await client.voices() and (await client.voice(voice.id)).name == "Grpc voice"
+        _, grpc_pcm = await client.speak("Hello there.", model=model, voice="Grpc voice", **say)
+        assert grpc_pcm == pcm  # the same reference and transcript: the same audio
+        assert (await client.delete_voice("Grpc voice")).id == voice.id
+
+    def blocking_grpc():
+        with GrpcClient(target) as client:
+            voice = client.create_voice("Sync grpc voice", instructions="A calm voice.")
+            assert client.voice("sync grpc voice").id == voice.id
+            return client.delete_voice(voice.id)
+
+    assert (await in_thread(blocking_grpc)).name == "Sync grpc voice"
 
 
 def test_cli_connection_error_is_one_line_without_traceback(tmp_path):

@@ -76,7 +76,7 @@ async def test_auth_backends_and_rate_limits_map_to_grpc_codes(start_gateway, re
         assert "talker" in details
         generation = gateway_pb2.TextToAudioRequest(model="sao", prompt="rain on a tin roof")
         await expect_code(stub.Generate(generation, metadata=auth), grpc.StatusCode.UNAVAILABLE)
-        await expect_code(stub.ListVoices(talker_pb2.ListVoicesRequest(), metadata=auth), grpc.StatusCode.UNAVAILABLE)
+        await expect_code(stub.ListVoices(gateway_pb2.VoiceListRequest(), metadata=auth), grpc.StatusCode.UNAVAILABLE)
         await expect_code(stub.Speak(speak(), metadata=auth), grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 

@@ -151,6 +151,10 @@ async def test_redis_outage_is_503_fast_and_the_gateway_stays_up(start_gateway):
             assert time.monotonic() - started < 1.5
             assert "Redis" in assert_envelope(reply, 503)["message"]
         assert (await client.get("/health")).status_code == 200
+    async with start_gateway(dead_redis) as (_, client, _):  # no rate limit: the voice store meets the outage
+        for method in ("GET", "DELETE"):
+            reply = await client.request(method, "/v1/audio/voices/alice")
+            assert "Redis" in assert_envelope(reply, 503)["message"] and "voice" in reply.json()["error"]["message"]
 
 
 async def test_request_status_and_cancel_respect_the_owner(start_gateway, redis_url):

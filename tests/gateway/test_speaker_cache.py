@@ -27,11 +27,12 @@ async def talker(tmp_path):
         yield service, talker_pb2_grpc.TalkerStub(channel)
 
 
-async def clone_codes(stub, reference_audio: bytes, request_id: str) -> np.ndarray:
+async def clone_codes(stub, reference_audio: bytes, request_id: str, speaker_embedding=()) -> np.ndarray:
+    clone = talker_pb2.VoiceClone(reference_audio=reference_audio, speaker_embedding=speaker_embedding)
+    clone.x_vector_only = True
     request = talker_pb2.SynthesisRequest(
         request_id=request_id, text="Hello there.", language="english", seed=7, max_frames=12, ignore_eos=True,
-        task_type=talker_pb2.TASK_TYPE_VOICE_CLONE,
-        voice_clone=talker_pb2.VoiceClone(reference_audio=reference_audio, x_vector_only=True),
+        task_type=talker_pb2.TASK_TYPE_VOICE_CLONE, voice_clone=clone,
     )  # fmt: skip
     outputs = [output async for output in stub.Synthesize(iter([talker_pb2.SynthesizeInput(request=request)]))]
     chunks = [chunk_to_codes(output.chunk, "chunk") for output in outputs if output.HasField("chunk")]
@@ -64,6 +65,20 @@ async def test_the_encoder_runs_once_per_reference_and_cached_vectors_give_the_s
     other = reference_wav()[:-4000]  # a different file: embedded anew
     await clone_codes(stub, other, "clone.2")
     assert len(encoder_calls) == 2 and lookups("miss") - misses == 2
+
+
+async def test_embed_speaker_gives_the_vector_that_clones_like_the_reference_audio(talker):
+    service, stub = talker
+    reference = reference_wav()
+    from_audio = await clone_codes(stub, reference, "clone.audio")  # embedded at prefill
+    service.speaker_vectors = SpeakerVectorCache()  # so EmbedSpeaker runs the encoder again, on its own
+    reply = await stub.EmbedSpeaker(talker_pb2.EmbedSpeakerRequest(audio=reference))
+    assert len(reply.speaker_embedding) == service.engine.model_config.talker.hidden_size
+    from_vector = await clone_codes(stub, b"", "clone.vector", speaker_embedding=reply.speaker_embedding)
+    assert np.array_equal(from_audio, from_vector)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.EmbedSpeaker(talker_pb2.EmbedSpeakerRequest(audio=b"not audio"))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and refused.value.details().startswith("audio")
 
 
 def test_the_cache_is_a_bounded_lru():

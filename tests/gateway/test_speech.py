@@ -15,7 +15,7 @@ import pytest
 from speech_stack import reference_wav, speech_stack
 
 from chorus.gateway.voice_clone import ReferenceCodes
-from chorus.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, talker_pb2, vocoder_pb2, vocoder_pb2_grpc
+from chorus.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, vocoder_pb2, vocoder_pb2_grpc
 
 SAMPLE_RATE_HZ = 24_000
 SAMPLES_PER_FRAME = 1920  # 12.5 Hz codec
@@ -97,7 +97,7 @@ async def test_grpc_speak_and_list_voices(stack):
             response_format=gateway_pb2.AUDIO_FORMAT_PCM,
         )  # fmt: skip
         outputs = [output async for output in stub.Speak(request)]
-        voices = await stub.ListVoices(talker_pb2.ListVoicesRequest())
+        voices = await stub.ListVoices(gateway_pb2.VoiceListRequest())
     assert outputs[0].WhichOneof("output") == "request_id"
     assert outputs[-1].final.reason in (common_pb2.FINISH_REASON_EOS, common_pb2.FINISH_REASON_MAX_LENGTH)
     audio = b"".join(output.audio.data for output in outputs if output.HasField("audio"))

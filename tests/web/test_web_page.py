@@ -1,4 +1,5 @@
-"""The web page in headless Chromium against the real stack: each tab's request plays audio.
+"""The web page in headless Chromium against the real stack: each tab's request plays audio, and a voice
+saved in the voice clone tab speaks.
 
 The tests share one page and run in file order: the recent-requests test resumes what the
 earlier ones made. Every test ends with the page's log clean (no console errors, no failed
@@ -159,6 +160,36 @@ def test_voice_clone_from_a_microphone_recording(page):
     assert_clean(page)
 
 
+def test_voice_clone_saves_the_reference_as_a_voice_then_speaks_with_it(page, tmp_path):
+    panel = page.locator("#panel-clone")
+    picker = panel.get_by_label("Saved voice")
+    panel.get_by_label("Reference audio").set_input_files(reference_wav(tmp_path / "saved.wav"))
+    panel.get_by_label("What the reference says").fill("A steady tone.")
+    panel.get_by_label("Voice name").fill("Web voice")
+    is_save = lambda reply: reply.request.method == "POST" and "/v1/audio/voices" in reply.url  # noqa: E731
+    with page.expect_response(is_save) as saved:
+        panel.get_by_role("button", name="Save voice").click()
+    voice = saved.value.json()
+    assert saved.value.status == 201 and (voice["name"], voice["x_vector_only"]) == ("Web voice", False)
+    panel.get_by_text("Saved “Web voice”.").wait_for()
+    assert picker.input_value() == voice["id"]  # picked: the reference inputs rest
+    assert panel.get_by_label("Reference audio").is_disabled()
+
+    with page.expect_request("**/v1/audio/speech") as sent:
+        panel.get_by_role("button", name="Clone and speak").click()
+    assert sent.value.post_data_json["voice"] == voice["id"] and "ref_audio" not in sent.value.post_data_json
+    done = wait_for_state(page, "s.playing && s.realTimeFactor !== null")
+    assert done["bytesReceived"] > 44
+
+    with page.expect_response(lambda reply: reply.request.method == "DELETE") as deleted:
+        panel.get_by_role("button", name="Delete voice").click()
+    assert deleted.value.status == 200
+    panel.get_by_text("Deleted.").wait_for()
+    assert picker.input_value() == "" and panel.get_by_label("Reference audio").is_enabled()
+    assert voice["id"] not in picker.locator("option").evaluate_all("options => options.map(o => o.value)")
+    assert_clean(page)
+
+
 def test_text_to_audio_progress_advances_then_plays(page):
     page.get_by_role("tab", name="Text to audio").click()
     panel = page.locator("#panel-generate")
@@ -184,8 +215,8 @@ def test_text_to_audio_progress_advances_then_plays(page):
 def test_recent_requests_list_them_and_resume_plays_one(page):
     page.get_by_role("tab", name="Recent requests").click()
     items = page.locator("#recent-list li")
-    assert items.locator(".kind").all_inner_texts() == ["text-to-audio", *["speech"] * 4]
-    assert items.locator(".status").all_inner_texts() == ["done"] * 5
+    assert items.locator(".kind").all_inner_texts() == ["text-to-audio", *["speech"] * 5]
+    assert items.locator(".status").all_inner_texts() == ["done"] * 6
     streamed = items.last  # the first request: raw PCM, handed back as WAV
     request_id = streamed.locator("code").inner_text()
     streamed.get_by_role("button", name="Resume").click()

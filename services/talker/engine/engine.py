@@ -7,6 +7,7 @@ start of each step, asks the scheduler for a plan, runs prefills and one decode 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import random
@@ -236,6 +237,15 @@ class TalkerEngine:
         """Cancel a request; its slot is freed at the next step boundary and its stream ends `cancelled`."""
         self._command("abort", request_id, None)
 
+    def embed_speaker(self, audio: torch.Tensor) -> concurrent.futures.Future:
+        """A future of the x-vector `[H]` (float32, on the CPU) of 24 kHz mono `audio [samples]`, computed on the engine
+        thread between steps exactly as prefill computes a voice-clone request's. PromptError without an encoder."""
+        if self.model_config.speaker_encoder is None:
+            raise PromptError("audio: this checkpoint has no speaker encoder (voice clone needs a Base checkpoint)")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._command("embed", "", (audio, future))
+        return future
+
     def voices(self) -> tuple[list[str], list[str], list[str]]:
         """(modes, speakers, languages) this checkpoint serves, sorted, for `ListVoices`."""
         config = self.model_config
@@ -332,6 +342,9 @@ class TalkerEngine:
     def _apply_commands(self) -> None:
         while self._commands:
             kind, request_id, payload = self._commands.popleft()
+            if kind == "embed":  # belongs to no request
+                self._embed_speaker(*payload)
+                continue
             entry = self._requests.get(request_id)
             if entry is None:
                 continue
@@ -353,6 +366,14 @@ class TalkerEngine:
                     request.prompt.streams_text = False
                 elif request.status is Status.WAITING and not request.voice.text_ids:
                     self._finish(request, FinishReason.ERROR, "text: no text arrived before end_of_input")
+
+    def _embed_speaker(self, audio: torch.Tensor, future: concurrent.futures.Future) -> None:
+        if not future.set_running_or_notify_cancel():  # its caller is gone
+            return
+        try:
+            future.set_result(self.runner.speaker_vector(audio).float().cpu())
+        except Exception as error:
+            future.set_exception(error)
 
     def _prefill(self, requests: list[TalkerRequest]) -> None:
         """Build each request's prompt, then run every valid one into its slot in one batched forward."""
