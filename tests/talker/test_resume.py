@@ -131,6 +131,36 @@ def test_a_resumed_prefill_beside_fresh_requests_changes_no_ones_codes(tiny_load
         assert streams[index].first_frame_index == n
 
 
+def test_a_resumed_prompt_past_the_largest_prefill_bucket_prefills_alone_in_chunks(tiny_loaded):
+    engine = _engine(tiny_loaded, max_positions=700)
+    long_text = "A long sentence to read aloud. " * 18  # a prompt just under the largest bucket (512 positions)
+    requests = [
+        (long_text, _voice_kwargs("custom_voice", 64), 40),  # + 40 prefix frames: past it
+        (TEXT, _voice_kwargs("icl", 64), 10),
+        (TEXT, _voice_kwargs("voice_design", 64), 0),
+    ]
+    alone = []
+    for index, (text, kwargs, _) in enumerate(requests):
+        stream = engine.submit(f"a{index}", engine.voice_request(text=text, **kwargs), SAMPLED, 50, ignore_eos=True)
+        engine.run_until_idle()
+        alone.append(stream.collect())
+    streams = [
+        engine.submit(
+            f"r{index}",
+            engine.voice_request(text=text, prefix_frames=alone[index][:n] if n else None, **kwargs),
+            SAMPLED,
+            50,
+            ignore_eos=True,
+        )
+        for index, (text, kwargs, n) in enumerate(requests)
+    ]
+    engine.step()
+    assert 512 < int(engine.runner.position[0]) < 560, "the long one was prefilled, in a forward of its own"
+    engine.run_until_idle()
+    for index, (_, _, n) in enumerate(requests):
+        np.testing.assert_array_equal(streams[index].collect(), alone[index][n:], err_msg=f"request {index}")
+
+
 def _streamed_run(engine, name, pieces, end=True):
     """A streaming-text request fed `pieces` one step apart → its stream and voice (text ended when `end`)."""
     voice = engine.voice_request("custom_voice", pieces[0], speaker="ryan", text_complete=False)
