@@ -238,6 +238,14 @@ def test_bad_prefixes_are_refused_naming_the_field(tiny_loaded, prefix, message)
     assert engine.load().queue_depth == 0
 
 
+def test_resuming_a_sampled_request_needs_its_seed(tiny_loaded):
+    engine = _engine(tiny_loaded)
+    voice = engine.voice_request("custom_voice", TEXT, speaker="ryan", prefix_frames=np.zeros((3, 16), dtype=np.int64))
+    with pytest.raises(PromptError, match="seed: resuming a sampled request"):
+        engine.submit("r", voice, SamplingParams(subtalker_do_sample=True, do_sample=False))
+    engine.submit("greedy", voice, SamplingParams(do_sample=False, subtalker_do_sample=False))  # no draws: no seed
+
+
 def test_a_streamed_text_prefix_too_long_for_the_cache_ends_with_an_error(tiny_loaded):
     engine = _engine(tiny_loaded, max_frames=200)
     voice = engine.voice_request("custom_voice", "Hello", speaker="ryan", text_complete=False,

@@ -100,6 +100,7 @@ async def test_streaming_text_deltas_match_the_whole_text(talker):
             request(max_frames=20, prefix_frames=codes_to_chunk(np.zeros((21, 16)), 0, 0)),
             "prefix_frames: 21 frames exceed max_frames (20)",
         ),
+        (request(prefix_frames=codes_to_chunk(np.zeros((3, 16)), 0, 0)), "seed: resuming a sampled request"),
     ],
 )
 async def test_bad_requests_get_invalid_argument_naming_the_field(talker, message, detail):

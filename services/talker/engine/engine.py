@@ -190,6 +190,8 @@ class TalkerEngine:
         if num_prefix_frames and voice.text_complete:  # else known once the text arrived (checked at prefill)
             prompt = build_prompt(self.model_config, voice)
             self._check_positions(len(prompt.positions) - num_prefix_frames, num_prefix_frames)
+        if num_prefix_frames and sampling.seed is None and (sampling.do_sample or sampling.subtalker_do_sample):
+            raise PromptError("seed: resuming a sampled request (prefix_frames) needs the seed it started with")
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
         with self._admit_lock:
             if request_id in self._requests:
