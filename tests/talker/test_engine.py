@@ -271,6 +271,7 @@ def test_aborting_neighbours_mid_step_leaves_the_other_requests_codes_unchanged(
         "d": (_voice(engine, "The fourth one.", speaker="aiden", language="english"), SamplingParams(seed=4)),
         "e": (_voice(engine, "A newcomer.", speaker="serena"), SamplingParams(seed=5)),
         "f": (_voice(engine, "A long newcomer, " * 20, speaker="eric"), SamplingParams(seed=6)),
+        "g": (_voice(engine, "The fifth one.", speaker="dylan"), SamplingParams(seed=7)),
     }
 
     def submit(name):
@@ -282,7 +283,7 @@ def test_aborting_neighbours_mid_step_leaves_the_other_requests_codes_unchanged(
         stream = submit(name)
         engine.run_until_idle()
         undisturbed[name] = stream.collect()
-    streams = {name: submit(name) for name in "abcd"}
+    streams = {name: submit(name) for name in "abcdg"}  # slots 0-4: a batch bucket of 8 rows
     for _ in range(6):
         engine.step()
     # Every step launches one frame and collects the one before: b's frame is in flight when the abort lands.
@@ -293,13 +294,13 @@ def test_aborting_neighbours_mid_step_leaves_the_other_requests_codes_unchanged(
     assert engine.scheduler.running[1].request_id == "e", "the newcomer took b's slot while b's step was in flight"
     for _ in range(5):
         engine.step()
-    engine.abort("a")
-    engine.abort("c")
+    for name in "acg":  # the batch shrinks to a bucket of 4 rows
+        engine.abort(name)
     streams["f"] = submit("f")
     engine.step()
     assert engine.runner.position[0] > 256, "the long newcomer took a's slot"
     engine.run_until_idle()
-    for name in "abc":
+    for name in "abcg":
         assert streams[name].finish_reason is FinishReason.CANCELLED
         assert 0 < len(streams[name].collect()) < 30
     for name in "def":

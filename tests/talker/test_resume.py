@@ -131,6 +131,36 @@ def test_a_resumed_prefill_beside_fresh_requests_changes_no_ones_codes(tiny_load
         assert streams[index].first_frame_index == n
 
 
+def test_a_resumed_prompt_past_the_largest_prefill_bucket_prefills_alone_in_chunks(tiny_loaded):
+    engine = _engine(tiny_loaded, max_positions=700)
+    long_text = "A long sentence to read aloud. " * 18  # a prompt just under the largest bucket (512 positions)
+    requests = [
+        (long_text, _voice_kwargs("custom_voice", 64), 40),  # + 40 prefix frames: past it
+        (TEXT, _voice_kwargs("icl", 64), 10),
+        (TEXT, _voice_kwargs("voice_design", 64), 0),
+    ]
+    alone = []
+    for index, (text, kwargs, _) in enumerate(requests):
+        stream = engine.submit(f"a{index}", engine.voice_request(text=text, **kwargs), SAMPLED, 50, ignore_eos=True)
+        engine.run_until_idle()
+        alone.append(stream.collect())
+    streams = [
+        engine.submit(
+            f"r{index}",
+            engine.voice_request(text=text, prefix_frames=alone[index][:n] if n else None, **kwargs),
+            SAMPLED,
+            50,
+            ignore_eos=True,
+        )
+        for index, (text, kwargs, n) in enumerate(requests)
+    ]
+    engine.step()
+    assert 512 < int(engine.runner.position[0]) < 560, "the long one was prefilled, in a forward of its own"
+    engine.run_until_idle()
+    for index, (_, _, n) in enumerate(requests):
+        np.testing.assert_array_equal(streams[index].collect(), alone[index][n:], err_msg=f"request {index}")
+
+
 def _streamed_run(engine, name, pieces, end=True):
     """A streaming-text request fed `pieces` one step apart → its stream and voice (text ended when `end`)."""
     voice = engine.voice_request("custom_voice", pieces[0], speaker="ryan", text_complete=False)
@@ -206,6 +236,14 @@ def test_bad_prefixes_are_refused_naming_the_field(tiny_loaded, prefix, message)
         engine.submit("r", engine.voice_request("custom_voice", TEXT, speaker="ryan", prefix_frames=prefix),
                       max_frames=max_frames)  # fmt: skip
     assert engine.load().queue_depth == 0
+
+
+def test_resuming_a_sampled_request_needs_its_seed(tiny_loaded):
+    engine = _engine(tiny_loaded)
+    voice = engine.voice_request("custom_voice", TEXT, speaker="ryan", prefix_frames=np.zeros((3, 16), dtype=np.int64))
+    with pytest.raises(PromptError, match="seed: resuming a sampled request"):
+        engine.submit("r", voice, SamplingParams(subtalker_do_sample=True, do_sample=False))
+    engine.submit("greedy", voice, SamplingParams(do_sample=False, subtalker_do_sample=False))  # no draws: no seed
 
 
 def test_a_streamed_text_prefix_too_long_for_the_cache_ends_with_an_error(tiny_loaded):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from chorus.talker.engine.request import Status, TalkerRequest
 from chorus.talker.engine.scheduler import Scheduler
 from chorus.talker.prompt import Prompt, VoiceRequest
@@ -51,6 +53,17 @@ def test_full_output_pauses_only_that_request():
     assert scheduler.plan().decode == [fast]
     slow.buffered_frames = 1
     assert scheduler.plan().decode == [slow, fast]
+
+
+def test_a_resumed_streaming_text_request_waits_for_its_prefix_frames_text():
+    scheduler = Scheduler(num_slots=2, max_prefills_per_step=2, pad_text_id=PAD, max_positions=4096)
+    request = _request("r", text_complete=False, text_ids=(9,))
+    request.voice.prefix_frames = torch.zeros(2, 16, dtype=torch.long)  # the steps of frames 0, 1 fed ids 2 and 3
+    scheduler.add(request)
+    for _ in range(2):
+        assert scheduler.plan().prefill == []
+        request.voice.text_ids.append(9)
+    assert scheduler.plan().prefill == [request]
 
 
 def test_streaming_text_waits_for_text():

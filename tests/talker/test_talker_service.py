@@ -100,6 +100,7 @@ async def test_streaming_text_deltas_match_the_whole_text(talker):
             request(max_frames=20, prefix_frames=codes_to_chunk(np.zeros((21, 16)), 0, 0)),
             "prefix_frames: 21 frames exceed max_frames (20)",
         ),
+        (request(prefix_frames=codes_to_chunk(np.zeros((3, 16)), 0, 0)), "seed: resuming a sampled request"),
     ],
 )
 async def test_bad_requests_get_invalid_argument_naming_the_field(talker, message, detail):
@@ -158,6 +159,25 @@ async def test_a_resumed_streaming_text_stream_takes_the_deltas_again(talker):
     chunks, final = await synthesize(stub, resumed, *deltas, end)
     np.testing.assert_array_equal(_codes(chunks), full[5:])
     assert chunks[0].frame_offset == 5 and final.reason == common_pb2.FINISH_REASON_MAX_LENGTH
+
+
+async def test_cancelling_neighbours_mid_stream_leaves_a_seeded_stream_unchanged(talker):
+    stub, _ = talker
+    survivors = [request(text=f"Survivor number {i}.", seed=20 + i, max_frames=24, ignore_eos=True, chunk_frames=2)
+                 for i in range(2)]  # fmt: skip
+    alone = [_codes((await synthesize(stub, message))[0]) for message in survivors]
+    doomed = [stub.Synthesize(iter([request(text=f"Cancelled {i}.", seed=i, max_frames=24, ignore_eos=True,
+                                            chunk_frames=1)])) for i in range(2)]  # fmt: skip
+    together = asyncio.gather(*(synthesize(stub, message) for message in survivors))
+    for call in doomed:  # cancelled after a few frames, while the survivors decode beside them
+        for _ in range(3):
+            await call.read()
+        call.cancel()
+    newcomers = [synthesize(stub, request(text=f"Newcomer {i}.", seed=30 + i, max_frames=12)) for i in range(2)]
+    results = await asyncio.gather(together, *newcomers)
+    for codes, (chunks, final) in zip(alone, results[0], strict=True):
+        np.testing.assert_array_equal(_codes(chunks), codes)
+        assert final.reason == common_pb2.FINISH_REASON_MAX_LENGTH
 
 
 async def test_cancelling_the_call_frees_the_slot(talker):

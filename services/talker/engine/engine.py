@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from chorus.runtime.streams import use_own_stream
+from chorus.talker.engine.prefill import LENGTH_BUCKETS
 from chorus.talker.engine.request import FinishReason, Status, TalkerRequest
 from chorus.talker.engine.runner import DecodeLaunch, TalkerRunner, kv_bytes_per_position, slots_for_memory
 from chorus.talker.engine.scheduler import Scheduler
@@ -190,6 +191,8 @@ class TalkerEngine:
         if num_prefix_frames and voice.text_complete:  # else known once the text arrived (checked at prefill)
             prompt = build_prompt(self.model_config, voice)
             self._check_positions(len(prompt.positions) - num_prefix_frames, num_prefix_frames)
+        if num_prefix_frames and sampling.seed is None and (sampling.do_sample or sampling.subtalker_do_sample):
+            raise PromptError("seed: resuming a sampled request (prefix_frames) needs the seed it started with")
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
         with self._admit_lock:
             if request_id in self._requests:
@@ -376,7 +379,8 @@ class TalkerEngine:
             future.set_exception(error)
 
     def _prefill(self, requests: list[TalkerRequest]) -> None:
-        """Build each request's prompt, then run every valid one into its slot in one batched forward."""
+        """Build each request's prompt, then run every valid one into its slot: in one batched forward, but for
+        prompts longer than the largest padded bucket."""
         ready = []
         for request in requests:
             self._requests[request.request_id][1].scheduled_at = time.perf_counter()
@@ -390,21 +394,25 @@ class TalkerEngine:
                 ready.append(request)
             except PromptError as error:
                 self._finish(request, FinishReason.ERROR, str(error))
-        if not ready:
-            return
-        slots = [request.slot for request in ready]
-        self.runner.set_params(
-            slots, [r.sampling for r in ready], [r.seed for r in ready], [r.ignore_eos for r in ready]
-        )
-        embeds, lengths = self.runner.embed_prompts([r.prompt for r in ready], [r.voice for r in ready])
-        prefix_code0s = [None if r.voice.prefix_frames is None else r.voice.prefix_frames[:, 0] for r in ready]
-        self.runner.prefill(slots, embeds, lengths, prefix_code0s)
+        # Prompts that fit the largest padded bucket share one forward; a longer one (a request resumed deep into its
+        # audio) runs alone, so the others are not padded to its length.
+        short = [request for request in ready if len(request.prompt.positions) <= LENGTH_BUCKETS[-1]]
+        for batch in ([short] if short else []) + [[request] for request in ready if request not in short]:
+            self._prefill_batch(batch)
         # A resumed request's prefill sampled what the decode step of its last prefix frame sampled: the same stop
         # rule applies (EOS, or its limits reached), which needs that id on the host now — one wait for the device.
         resumed = [request for request in ready if request.num_frames]
         if resumed:
             for request, code0 in zip(resumed, self.runner.next_code0s([r.slot for r in resumed]), strict=True):
                 self._may_finish(request, code0)
+
+    def _prefill_batch(self, requests: list[TalkerRequest]) -> None:
+        slots = [request.slot for request in requests]
+        samplings, seeds = [r.sampling for r in requests], [r.seed for r in requests]
+        self.runner.set_params(slots, samplings, seeds, [r.ignore_eos for r in requests])
+        embeds, lengths = self.runner.embed_prompts([r.prompt for r in requests], [r.voice for r in requests])
+        prefix_code0s = [None if r.voice.prefix_frames is None else r.voice.prefix_frames[:, 0] for r in requests]
+        self.runner.prefill(slots, embeds, lengths, prefix_code0s)
 
     def _check_positions(self, num_prompt_positions: int, num_prefix_frames: int) -> None:
         """The prompt must leave room for a frame; a resumed one must hold its prefix frames."""

@@ -9,17 +9,21 @@ that must not advance (free, paused, waiting for text) compute but keep their st
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import torch
 
-from chorus.talker.engine.prefill import PaddedPrefill
+from chorus.talker.engine.prefill import LENGTH_BUCKETS, PaddedPrefill
 from chorus.talker.models.qwen3_tts_talker import Qwen3TTSModel
 from chorus.talker.models.speaker_encoder import log_mel_spectrogram
 from chorus.talker.prompt import embed_prompts
 from chorus.talker.sampling import RowParams, SamplingParams, sample_code, sample_code0
 
 LENGTH_BUCKET = 256  # attended-length bucket of the PyTorch attention path
+# Longest run of queries an eager prefill forward attends at once: its attention scores take rows × heads × chunk ×
+# length, where a whole 4 k-position prompt (a request resumed deep into its audio) would take length².
+PREFILL_CHUNK_POSITIONS = LENGTH_BUCKETS[-1]
 MIN_FRAMES = 2  # the reference bans EOS until two codebook-0 ids were generated
 NEVER = 1 << 62
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
@@ -261,7 +265,17 @@ class TalkerRunner:
             positions = torch.arange(longest, device=self.device).repeat(num_rows, 1)
             num_layers, _, _, num_kv_heads, _, head_dim = self.talker_cache.shape
             scratch = self.talker_cache.new_empty(num_layers, 2, num_rows, num_kv_heads, longest, head_dim)
-            hidden = self.model.talker.model(embeds, positions, list(scratch), longest)
+            # Equal chunks, each attending the cache its predecessors wrote (none as short as a decode step's input).
+            num_chunks = -(-longest // PREFILL_CHUNK_POSITIONS)
+            edges = [longest * chunk // num_chunks for chunk in range(num_chunks + 1)]
+            stack = self.model.talker.model
+            hidden = torch.cat(
+                [
+                    stack(embeds[:, start:end], positions[:, start:end], list(scratch), end)
+                    for start, end in itertools.pairwise(edges)
+                ],
+                dim=1,
+            )
         index, last_index, num_generated = self._upload(slots + lengths + num_prefix, torch.long).view(3, num_rows)
         last_index = last_index - 1
         self.talker_cache[..., :longest, :].index_copy_(2, index, scratch)
