@@ -70,11 +70,16 @@ class GatewayConfig(ServiceConfig):
         "A gateway process renews the leases of its runs in Redis every quarter of this; a run whose lease ran "
         "out (its process died or hangs) is taken over by another process, which continues it from its journal.",
     )
+    run_queue: str = option(
+        "chorus:runs",
+        "Redis stream of the runs in progress: gateway processes sharing it take over each other's runs (one per "
+        "deployment sharing a Redis).",
+    )
     max_failovers: int = option(3, "Times one stream may move to another backend replica when its replica fails.")
     stall_s: float = option(
         2.0, "A stream waiting this long for its backend replica's next message probes the replica's health."
     )
-    probe_timeout_s: float = option(1.0, "A replica that does not answer that probe in this time counts as hung.")
+    probe_timeout_s: float = option(2.0, "A replica that does not answer that probe in this time counts as hung.")
     replica_wait_s: float = option(
         5.0, "How long a stream failing over waits for a healthy replica (e.g. one restarting) before it fails."
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol, TypeVar
 
 import grpc
@@ -46,7 +46,7 @@ _RETRYABLE_FINAL_CODES = {code.name for code in (grpc.StatusCode.UNAVAILABLE, gr
 class FailoverPolicy:
     max_failovers: int = 3  # per stream and backend
     stall_s: float = 2.0  # waiting this long for a replica's next message triggers a health probe
-    probe_timeout_s: float = 1.0  # a probe not answered in this time counts as a hung replica
+    probe_timeout_s: float = 2.0  # a probe not answered in this time counts as a hung replica
     replica_wait_s: float = 5.0  # how long a fail-over waits for a healthy replica (e.g. one restarting)
 
 
@@ -94,16 +94,21 @@ def check_final_for_failover(final: common_pb2.Final, backend: str) -> None:
         raise ReplicaFailed(f"{backend} failed: {final.error.message or final.error.code}")
 
 
-async def next_message(messages: AsyncIterator[Message], replica: Replica, policy: FailoverPolicy) -> Message | None:
+async def next_message(
+    messages: AsyncIterator[Message],
+    replica: Replica,
+    policy: FailoverPolicy,
+    is_owed: Callable[[], bool] = lambda: True,
+) -> Message | None:
     """The next message of a replica's stream (None at its end); raises ReplicaFailed once the replica has
-    kept it waiting `stall_s` and then fails a health probe."""
+    kept it waiting `stall_s` while `is_owed()` (it has work to answer) and then fails a health probe."""
     pending = asyncio.ensure_future(anext(messages, None))
     try:
         while True:
             done, _ = await asyncio.wait({pending}, timeout=policy.stall_s)
             if done:
                 return pending.result()
-            if not await replica.probe(policy.probe_timeout_s):
+            if is_owed() and not await replica.probe(policy.probe_timeout_s):
                 raise ReplicaFailed(f"replica {replica.target} stopped answering (no output for {policy.stall_s:g} s)")
     finally:
         if not pending.done():

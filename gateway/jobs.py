@@ -22,47 +22,65 @@ from chorus.gateway.run_spec import GenerationSpec, RunSpec, SpeechSpec, decode_
 from chorus.gateway.schemas import GenerationRequest, SpeechRequest
 from chorus.gateway.speech_pipeline import synthesize_segment
 from chorus.gateway.speech_run import SpeechRun, segment_requests
+from chorus.gateway.state import keys
 from chorus.gateway.state.frames import SegmentFrames
-from chorus.gateway.state.requests import FAILED, TERMINAL, RequestRecord
+from chorus.gateway.state.requests import TERMINAL, RequestRecord
 from chorus.gateway.state.runs import RunEntry
 from chorus.gateway.state.voices import Voice
 from chorus.gateway.talker_request import synthesis_request
 from chorus.gateway.voices import speech_in, voice_clone
-from chorus.runtime.errors import NotFound, Unavailable, status_for
+from chorus.runtime.errors import NotFound, Unavailable
 from chorus.v1 import diffusion_pb2, talker_pb2
 
 PROGRESS_POLL_INTERVAL_S = 0.1
+IDEMPOTENCY_TTL_S = 86_400
 DIFFUSION_MODEL = "stable-audio-open-1.0"  # what /v1/models lists for the diffusion service
 
 
 async def _admit(
-    ctx: GatewayContext, kinds: tuple[str, ...], owner: str, idempotency_key: str | None, **record_fields: str
-) -> tuple[RequestRecord, contextlib.AsyncExitStack | None]:
-    """Takes the backends' slots and creates the record; with a known `idempotency_key`, the earlier
-    request and no slot (nothing new runs, and a retry is answered even while admission is full)."""
+    ctx: GatewayContext, kinds: tuple[str, ...], owner: str, idempotency_key: str | None
+) -> RequestRecord | contextlib.AsyncExitStack:
+    """The backends' slots for a new request (an entered stack to close when it ends); with a known
+    `idempotency_key`, the earlier request instead (nothing new runs, and a retry is answered even while
+    admission is full)."""
     if idempotency_key and (earlier_id := await ctx.requests.idempotent_request(owner, idempotency_key)):
-        return await ctx.requests.get(earlier_id), None
+        return await ctx.requests.get(earlier_id)
     if ctx.broker.is_draining:
         raise Unavailable("this gateway process is shutting down; retry (another process takes new requests)")
     ctx.require_backends(*kinds)
     slot = contextlib.AsyncExitStack()
     await slot.enter_async_context(ctx.admission.enter(*kinds))
+    return slot
+
+
+async def _start(
+    ctx: GatewayContext,
+    slot: contextlib.AsyncExitStack,
+    owner: str,
+    idempotency_key: str | None,
+    request_id: str,
+    spec: RunSpec,
+    is_detachable: bool,
+    text_deltas: AsyncIterator[str] | None = None,
+    **record_fields: str,
+) -> RequestRecord:
+    """Creates the request's record and its run in one step and starts the run here; with an
+    `idempotency_key` a concurrent twin claimed meanwhile, the twin's request instead."""
     try:
-        request_id = ctx.requests.new_id()
-        if idempotency_key:
-            # Claimed only once admitted, so a refused request leaves no key behind; this catches a
-            # concurrent twin that claimed the key since the look above.
-            earlier_id = await ctx.requests.claim_idempotency_key(owner, idempotency_key, request_id)
-            if earlier_id is not None:
-                await slot.aclose()
-                return await ctx.requests.get(earlier_id), None
-        record = await ctx.requests.create(
+        record, fields = ctx.requests.new_record(
             owner=owner, request_id=request_id, runner=ctx.broker.runner, **record_fields
         )
-        return record, slot
+        # Claimed only once admitted, so a refused request leaves no key behind.
+        idempotency = (keys.idempotency(owner, idempotency_key), IDEMPOTENCY_TTL_S) if idempotency_key else None
+        is_new, value = await ctx.broker.queue.admit(fields, encode_spec(spec), ctx.requests.ttl_s, idempotency)
     except BaseException:
         await slot.aclose()
         raise
+    if not is_new:
+        await slot.aclose()
+        return await ctx.requests.get(value)
+    ctx.broker.start_run(build_run(ctx, request_id, spec, text_deltas=text_deltas), value, slot, is_detachable)
+    return record
 
 
 async def start_generation(
@@ -72,12 +90,12 @@ async def start_generation(
     ctx.require_backends("diffusion")
     if body.model != DIFFUSION_MODEL:
         raise NotFound(f"model {body.model!r} not found; text-to-audio serves {DIFFUSION_MODEL!r}")
-    fields = {"kind": "audio", "model": body.model, "response_format": body.response_format}
-    record, slot = await _admit(ctx, ("diffusion",), owner, idempotency_key, **fields)
-    if slot is None:
-        return record
+    admitted = await _admit(ctx, ("diffusion",), owner, idempotency_key)
+    if isinstance(admitted, RequestRecord):
+        return admitted
+    request_id = ctx.requests.new_id()
     request = diffusion_pb2.GenerateRequest(
-        request_id=record.request_id,
+        request_id=request_id,
         prompt=body.prompt,
         negative_prompt=body.negative_prompt or "",
         duration_s=body.duration_s,
@@ -85,29 +103,14 @@ async def start_generation(
         guidance_scale=body.guidance_scale,
         seed=_seed(body.seed),
     )
-    await _start_run(ctx, record, GenerationSpec(request, body.response_format), slot, is_detachable)
-    return record
+    spec = GenerationSpec(request, body.response_format)
+    fields = {"kind": "audio", "model": body.model, "response_format": body.response_format}
+    return await _start(ctx, admitted, owner, idempotency_key, request_id, spec, is_detachable, **fields)
 
 
 def _seed(requested: int | None) -> int:
     """The request's seed, drawn here when it has none: a run started again elsewhere makes the same output."""
     return requested if requested is not None else secrets.randbits(63)
-
-
-async def _start_run(
-    ctx: GatewayContext,
-    record: RequestRecord,
-    spec: RunSpec,
-    slot: contextlib.AsyncExitStack,
-    is_detachable: bool,
-    text_deltas: AsyncIterator[str] | None = None,
-) -> None:
-    run = build_run(ctx, record.request_id, spec, text_deltas=text_deltas)
-    try:
-        await ctx.broker.start_run(run, encode_spec(spec), slot, is_detachable)
-    except BaseException:
-        await slot.aclose()
-        raise
 
 
 def build_run(
@@ -204,9 +207,10 @@ async def start_speech(
     """
     saved_voice = await check_speech_target(ctx, owner, body)
     fields = {"kind": "speech", "model": body.model, "voice": body.voice or "", "response_format": body.response_format}
-    record, slot = await _admit(ctx, ("talker", "vocoder"), owner, idempotency_key, **fields)
-    if slot is None:
-        return record
+    admitted = await _admit(ctx, ("talker", "vocoder"), owner, idempotency_key)
+    if isinstance(admitted, RequestRecord):
+        return admitted
+    request_id = ctx.requests.new_id()
     try:
         clone = None
         if saved_voice is not None:
@@ -214,24 +218,21 @@ async def start_speech(
             body = speech_in(saved_voice, body)
         elif ref_audio is not None or body.speaker_embedding is not None:
             clone = await ctx.reference_codes.voice_clone(
-                ref_audio, body.ref_text, body.x_vector_only, record.request_id, body.speaker_embedding
+                ref_audio, body.ref_text, body.x_vector_only, request_id, body.speaker_embedding
             )
-    except BaseException as exc:
-        await slot.aclose()
-        code, message = status_for(exc)
-        await ctx.requests.transition(record.request_id, FAILED, error={"code": code.name, "message": message})
+    except BaseException:
+        await admitted.aclose()
         raise
     base = synthesis_request(body, clone)
     base.seed = _seed(body.seed)
     if text_deltas is None:
-        segments = segment_requests(record.request_id, base, body.input, ctx.config.speech_segment_chars)
+        segments = segment_requests(request_id, base, body.input, ctx.config.speech_segment_chars)
     else:
         base.streaming_text = True
-        segments = [talker_pb2.SynthesisRequest(request_id=f"{record.request_id}.0", text=body.input)]
+        segments = [talker_pb2.SynthesisRequest(request_id=f"{request_id}.0", text=body.input)]
         segments[0].MergeFrom(base)
     spec = SpeechSpec(segments, body.response_format, body.speed, streams_text=text_deltas is not None)
-    await _start_run(ctx, record, spec, slot, is_detachable=True, text_deltas=text_deltas)
-    return record
+    return await _start(ctx, admitted, owner, idempotency_key, request_id, spec, True, text_deltas, **fields)
 
 
 async def follow_record(ctx: GatewayContext, request_id: str) -> AsyncIterator[RequestRecord]:

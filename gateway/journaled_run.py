@@ -76,9 +76,9 @@ class JournaledRun:
         """Runs to the end; returns the final status (or HANDED_OVER). Never raises for a failed request."""
         try:
             with self.cancels.watch(self.request_id) as cancel:
-                if self.resume is None and not await self.requests.transition(
-                    self.request_id, RUNNING, runner=self.runner
-                ):
+                # A run taken over may find its request still queued (its first process died before it began).
+                is_started = await self.requests.transition(self.request_id, RUNNING, runner=self.runner)
+                if not is_started and self.resume is None:
                     return (await self.requests.get(self.request_id)).status  # cancelled before it started
                 return await self._run_watched(cancel)
         except RunLost:

@@ -1,7 +1,7 @@
 """This gateway process's share of the runs: it owns the runs it admitted, keeps them leased, takes over
 runs whose owner died, and hands its own over when it stops.
 
-Every run this process starts is queued in Redis as owned by it (`RunQueue.enqueue_owned`). A loop renews
+Every run this process starts is queued in Redis as owned by it (`RunQueue.admit`). A loop renews
 the leases every `lease_s / 4` and, unless the process is draining, reclaims runs idle past the lease from
 any dead or hung process, continuing each from its journal (`continue_run`). A run this process lost (it
 was presumed dead while stopped, and another process took it) is stopped here without a trace. On SIGTERM
@@ -41,11 +41,11 @@ class RunBroker:
     def runner(self) -> str:
         return self.queue.consumer
 
-    async def start_run(
-        self, run: JournaledRun, spec: bytes, slot: contextlib.AsyncExitStack | None, is_detachable: bool
+    def start_run(
+        self, run: JournaledRun, entry_id: str, slot: contextlib.AsyncExitStack | None, is_detachable: bool
     ) -> None:
-        """Queues `run` as this process's and starts it; its entry is done when the run ends here."""
-        run.entry_id = await self.queue.enqueue_owned(run.request_id, spec)
+        """Starts `run`, admitted as this process's (`RunQueue.admit`); its entry is done when it ends here."""
+        run.entry_id = entry_id
         self._start(run, slot, is_detachable)
 
     def _start(self, run: JournaledRun, slot: contextlib.AsyncExitStack | None, is_detachable: bool) -> None:
@@ -90,8 +90,14 @@ class RunBroker:
             if self.runs.is_running(entry.request_id):
                 continue  # ours all along: its lease lapsed while this process was busy, and now it is renewed
             started = time.monotonic()
-            run = await continue_run(entry)
-            if run is None:  # it had ended
+            try:
+                run = await continue_run(entry)
+            except ChorusError:
+                raise  # Redis: the entry stays for the next try
+            except Exception:  # an entry no version of this gateway can run: say so once, and drop it
+                log.exception("request %s: its run cannot be continued; dropped", entry.request_id)
+                run = None
+            if run is None:  # it had ended, or cannot run
                 await self.queue.done(entry.entry_id)
                 continue
             run.entry_id = entry.entry_id

@@ -98,6 +98,8 @@ class SegmentPipeline:
         self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self.text = _TextFeed(text_deltas)
         self.is_retry = frames.is_taken_over  # a talker stream of this segment was opened before
+        self.num_sent = 0  # frames handed to the vocoder stream (its context included)
+        self.num_delivered = 0  # frames whose audio was yielded
 
     def _time_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
@@ -164,12 +166,11 @@ class SegmentPipeline:
 
     async def pcm(self) -> AsyncIterator[common_pb2.PcmChunk]:
         failovers = Failovers("vocoder", self.request.request_id, self.source, self.policy)
-        num_frames_delivered = 0
         while True:
             replica = await self.source.acquire("vocoder", self.policy.replica_wait_s)
             try:
-                async for pcm, num_frames in self._vocoder_stream(replica, num_frames_delivered):
-                    num_frames_delivered += num_frames
+                async for pcm, num_frames in self._vocoder_stream(replica, self.num_delivered):
+                    self.num_delivered += num_frames
                     yield pcm
                 return
             except ReplicaFailed as error:
@@ -206,23 +207,28 @@ class SegmentPipeline:
 
     async def _next_or_sender_failure(self, call, replica, sender: asyncio.Task):
         """The vocoder's next message; or the talker side's failure, which the sender raises while waiting."""
-        reading = asyncio.ensure_future(next_message(aiter(call), replica, self.policy))
+        reading = asyncio.ensure_future(next_message(aiter(call), replica, self.policy, self._vocoder_owes))
         done, _ = await asyncio.wait({reading, sender}, return_when=asyncio.FIRST_COMPLETED)
         if reading not in done and sender.exception() is not None:
             reading.cancel()
             raise sender.exception()
         return await reading
 
+    def _vocoder_owes(self) -> bool:
+        """Whether the vocoder has work to answer (audio of frames sent, or its Final): silence is then a stall."""
+        return self.num_sent > self.num_delivered or self.frames.is_finished
+
     async def _send_frames(self, call, opening: vocoder_pb2.DecodeOpen, num_context: int) -> None:
         """Frames after the `num_context` the stream was primed with, as they come (offsets count from there)."""
         await _write(call, vocoder_pb2.DecodeInput(open=opening))
-        sequence, num_sent = 0, num_context
+        sequence = 0
+        self.num_sent = num_context
         while True:
-            num_frames = await self.frames.wait_beyond(num_sent)
-            if num_frames > num_sent:
-                chunk = self.frames.chunk(num_sent, num_frames, sequence, first=num_context)
+            num_frames = await self.frames.wait_beyond(self.num_sent)
+            if num_frames > self.num_sent:
+                chunk = self.frames.chunk(self.num_sent, num_frames, sequence, first=num_context)
                 await _write(call, vocoder_pb2.DecodeInput(chunk=chunk))
-                num_sent, sequence = num_frames, sequence + 1
+                self.num_sent, sequence = num_frames, sequence + 1
             elif self.frames.is_finished:
                 await _write(call, vocoder_pb2.DecodeInput(end_of_input=True))
                 await call.done_writing()

@@ -45,6 +45,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     speech.add_argument("--fixed-frames", type=int, default=0, help="Every request runs to N frames (EOS ignored).")
     speech.add_argument("--model", default=None, help="Default: the first model the gateway lists.")
     speech.add_argument("--voice", default="ryan")
+    speech.add_argument(
+        "--chaos",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="Kill (SIGKILL) a talker or vocoder replica on this machine every SECONDS, only while another replica "
+        "of it is healthy; each level then reports the kills and how long its streams went without audio after one.",
+    )
     speech.set_defaults(handler=lambda args: _main(args, "tts", tts.run, tts.check_targets))
 
     audio = kinds.add_parser("diffusion", help="Text-to-audio: latency and throughput at concurrency 1, 4, 8.")

@@ -1,6 +1,6 @@
 """`chorus bench tts`: streaming speech through a running gateway (REST chunked PCM and/or gRPC `Speak`) at a
 sweep of concurrency levels; each level keeps exactly `concurrency` requests in flight until its request count
-is done."""
+is done. With `--chaos N` a talker or vocoder replica is killed every N seconds meanwhile (`chaos`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Callable
 import aiohttp
 import grpc
 
+from chorus.bench.chaos import Chaos
 from chorus.bench.metrics import RequestTiming, summarize
 from chorus.bench.prompts import SPEECH
 from chorus.v1 import gateway_pb2, gateway_pb2_grpc
@@ -70,8 +71,11 @@ def _arrived(timing: RequestTiming, num_bytes: int) -> None:
     timing.arrivals.append((now, num_bytes / BYTES_PER_SECOND))
 
 
-async def run_level(send: Callable[[int], object], concurrency: int, num_requests: int, on_done) -> dict:
-    """`num_requests` calls of `send(index)` with `concurrency` in flight; the level's summary."""
+async def run_level(
+    send: Callable[[int], object], concurrency: int, num_requests: int, on_done, chaos: Chaos | None = None
+) -> dict:
+    """`num_requests` calls of `send(index)` with `concurrency` in flight; the level's summary (with the
+    fail-overs `chaos` caused)."""
     slots = asyncio.Semaphore(concurrency)
 
     async def one(index: int) -> RequestTiming:
@@ -82,7 +86,8 @@ async def run_level(send: Callable[[int], object], concurrency: int, num_request
 
     started = time.perf_counter()
     timings = await asyncio.gather(*(one(index) for index in range(num_requests)))
-    return summarize(list(timings), time.perf_counter() - started)
+    summary = summarize(list(timings), time.perf_counter() - started)
+    return summary if chaos is None else summary | {"chaos": chaos.summary(list(timings))}
 
 
 async def run(args, progress) -> list[dict]:
@@ -112,6 +117,8 @@ async def run(args, progress) -> list[dict]:
         else:
             model = args.model
         texts = [SPEECH[name] for name in args.prompts]
+        chaos = Chaos(http, args.chaos) if args.chaos else None
+        killing = asyncio.create_task(chaos.run()) if chaos is not None else None
         transports = ("rest", "grpc") if args.transport == "both" else (args.transport,)
         for transport, concurrency in itertools.product(transports, args.concurrency):
             num_requests = args.requests_per_level or max(8, 2 * concurrency)
@@ -123,9 +130,11 @@ async def run(args, progress) -> list[dict]:
                 return grpc_request(stubs[index % concurrency], body, metadata)
 
             counter = progress.level(f"{transport} c={concurrency}", num_requests)
-            summary = await run_level(send, concurrency, num_requests, counter)
+            summary = await run_level(send, concurrency, num_requests, counter, chaos)
             levels.append({"transport": transport, "concurrency": concurrency} | summary)
             progress.done(levels[-1])
+        if killing is not None:
+            killing.cancel()
     return levels
 
 

@@ -35,7 +35,7 @@ def redis_server_binary() -> str:
 class LocalRedis:
     process: subprocess.Popen
     port: int
-    lock: IO  # held open while the server runs: the directory is this server's
+    lock: IO | None = None  # held open while the server runs: the directory is this server's
 
     @property
     def url(self) -> str:
@@ -59,7 +59,8 @@ class LocalRedis:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        self.lock.close()
+        if self.lock is not None:
+            self.lock.close()
 
 
 def start_local_redis(

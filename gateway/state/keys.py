@@ -19,9 +19,7 @@ def frames(request_id: str) -> str:
     return f"{PREFIX}:{{req:{request_id}}}:frames"
 
 
-def runs() -> str:
-    """The stream of runs in progress (consumer group: every gateway process)."""
-    return f"{PREFIX}:runs"
+RUNS = f"{PREFIX}:runs"  # the default stream of runs in progress (consumer group: every gateway process)
 
 
 def cancel_channel(request_id: str) -> str:

@@ -64,14 +64,6 @@ if current == 'running' then redis.call('HSET', KEYS[1], 'is_cancel_requested', 
 return current
 """
 
-# KEYS[1] idempotency key. Claims it for ARGV[1] (a request id) or returns the request that has it.
-_CLAIM = """
-local existing = redis.call('GET', KEYS[1])
-if existing then return existing end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-return false
-"""
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RequestRecord:
@@ -127,14 +119,13 @@ class RequestStore:
         self.ttl_s = ttl_s
         self._transition = client.register_script(_TRANSITION)
         self._cancel = client.register_script(_CANCEL)
-        self._claim = client.register_script(_CLAIM)
         self._take = client.register_script(_TAKE)
 
     @staticmethod
     def new_id() -> str:
         return uuid.uuid4().hex
 
-    async def create(
+    def new_record(
         self,
         kind: str,
         model: str,
@@ -143,7 +134,8 @@ class RequestStore:
         response_format: str = "",
         request_id: str | None = None,
         runner: str = "",
-    ) -> RequestRecord:
+    ) -> tuple[RequestRecord, dict[str, str]]:
+        """A queued record and the hash fields that store it."""
         record = RequestRecord(
             request_id=request_id or self.new_id(),
             kind=kind,
@@ -158,6 +150,11 @@ class RequestStore:
         fields = {name: getattr(record, name) for name in names} | {"created_at_s": repr(record.created_at_s)}
         if runner:
             fields["runner"] = runner
+        return record, fields
+
+    async def create(self, kind: str, model: str, **named: str) -> RequestRecord:
+        """Stores a new queued record (requests that run are created with their run: `RunQueue.admit`)."""
+        record, fields = self.new_record(kind, model, **named)
         key = keys.record(record.request_id)
         with redis_guard("creating a request"):
             async with self.client.pipeline(transaction=True) as pipe:
@@ -223,10 +220,4 @@ class RequestStore:
         """The id of the request `key` was used for, if any (a cheap look before admission)."""
         with redis_guard("checking an idempotency key"):
             existing = await self.client.get(keys.idempotency(owner, key))
-        return existing.decode() if existing is not None else None
-
-    async def claim_idempotency_key(self, owner: str, key: str, request_id: str, ttl_s: int = 86_400) -> str | None:
-        """Ties `key` to `request_id`; if the key was already used, returns that earlier request's id."""
-        with redis_guard("checking an idempotency key"):
-            existing = await self._claim(keys=[keys.idempotency(owner, key)], args=[request_id, ttl_s])
         return existing.decode() if existing is not None else None

@@ -1,8 +1,8 @@
 """Runs as units of work in Redis: a stream with one consumer group, every gateway process a consumer.
 
-Admitting a request adds its run (what is needed to run it again: the spec) to the stream and, in the
-same script, delivers it to the admitting process itself: the entry is in that process's pending list
-at once, so the happy path gains one round trip and no hop. An owner keeps its runs' entries fresh
+Admitting a request creates its record and adds its run (what is needed to run it again: the spec) to
+the stream and, in the same script, delivers it to the admitting process itself: the entry is in that
+process's pending list at once, so the happy path gains no round trip and no hop. An owner keeps its runs' entries fresh
 (`heartbeat`, which also tells it which runs it no longer owns). An entry left idle longer than the lease
 — its owner died or hangs — is taken by another process with XAUTOCLAIM (`reclaim`), which continues the
 run from its journal. A process handing its runs over (SIGTERM) marks their entries idle (`release`) so
@@ -29,20 +29,26 @@ from chorus.gateway.state.connection import redis_guard
 log = logging.getLogger("chorus.gateway.runs")
 GROUP = "gateways"
 
-# KEYS[1] runs stream. ARGV: group, consumer, then field/value pairs of the entry. Adds the entry and delivers
-# it to `consumer` (every add is delivered in the same script, so `>` holds nothing older). Returns its id.
-# A stream Redis lost (a restart without persistence) is NOGROUP before the XADD: a script's writes stay when
-# it fails, and an entry added without its group would be delivered ahead of every later one.
-_ENQUEUE_OWNED = """
+# KEYS[1] runs stream, KEYS[2] request record, KEYS[3] idempotency key. ARGV: group, consumer, request id, spec,
+# record TTL, idempotency TTL (0: no key), then the record's field/value pairs. All or nothing: claims the key
+# (or returns {0, the request that has it}), creates the record, adds the run and delivers it to `consumer`
+# (every add is delivered in the same script, so `>` holds nothing older); returns {1, entry id}. A stream Redis
+# lost (a restart without persistence) is NOGROUP before any write: a script's writes stay when it fails.
+_ADMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return redis.error_reply('NOGROUP the runs stream is gone (Redis lost its data)')
 end
-local fields = {}
-for i = 3, #ARGV do fields[#fields + 1] = ARGV[i] end
-local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
+if ARGV[6] ~= '0' then
+  local existing = redis.call('GET', KEYS[3])
+  if existing then return {0, existing} end
+  redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[6])
+end
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+local id = redis.call('XADD', KEYS[1], '*', 'request_id', ARGV[3], 'spec', ARGV[4])
 local delivered = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', KEYS[1], '>')
 assert(delivered[1][2][1][1] == id, 'runs stream: an undelivered entry was ahead of the new one')
-return id
+return {1, id}
 """
 
 # KEYS[1] runs stream. ARGV: group, consumer. Resets the idle time of every entry `consumer` still owns and
@@ -74,11 +80,12 @@ class RunEntry:
 
 
 class RunQueue:
-    def __init__(self, client: redis.Redis, consumer: str, lease_s: float) -> None:
+    def __init__(self, client: redis.Redis, consumer: str, lease_s: float, stream: str = keys.RUNS) -> None:
         self.client = client
+        self.stream = stream
         self.consumer = consumer
         self.lease_ms = int(lease_s * 1000)
-        self._enqueue = client.register_script(_ENQUEUE_OWNED)
+        self._admit = client.register_script(_ADMIT)
         self._heartbeat = client.register_script(_HEARTBEAT)
         self._has_group = False
         self._cursor = "0-0"
@@ -89,7 +96,7 @@ class RunQueue:
             return
         with redis_guard("creating the run queue"):
             try:
-                await self.client.xgroup_create(keys.runs(), GROUP, id="0", mkstream=True)
+                await self.client.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
             except redis.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
@@ -109,20 +116,28 @@ class RunQueue:
         with redis_guard(what):
             return await command()
 
-    async def enqueue_owned(self, request_id: str, spec: bytes) -> str:
-        """Adds a run owned by this process from the start; returns its entry id."""
+    async def admit(
+        self, fields: dict[str, str], spec: bytes, record_ttl_s: int, idempotency: tuple[str, int] | None
+    ) -> tuple[bool, str]:
+        """Creates a request's record and its run, owned by this process, in one step (a process dying between
+        the two would leave a request nobody runs); with `idempotency` (key, TTL), only if the key is new.
+        Returns (True, entry id), or (False, the id of the request the key was used for)."""
+        request_id = fields["request_id"]
+        idempotency_key, idempotency_ttl_s = idempotency or ("", 0)
+        pairs = [value for item in fields.items() for value in item]
 
         async def command():
-            args = [GROUP, self.consumer, "request_id", request_id, "spec", spec]
-            return await self._enqueue(keys=[keys.runs()], args=args)
+            args = [GROUP, self.consumer, request_id, spec, record_ttl_s, idempotency_ttl_s, *pairs]
+            return await self._admit(keys=[self.stream, keys.record(request_id), idempotency_key], args=args)
 
-        return (await self._call("queueing a run", command)).decode()
+        is_new, value = await self._call("creating a request", command)
+        return bool(is_new), value.decode()
 
     async def heartbeat(self) -> set[str]:
         """Keeps this process's entries fresh; returns the ids it still owns."""
 
         async def command():
-            return await self._heartbeat(keys=[keys.runs()], args=[GROUP, self.consumer])
+            return await self._heartbeat(keys=[self.stream], args=[GROUP, self.consumer])
 
         return {entry_id.decode() for entry_id in await self._call("renewing run leases", command)}
 
@@ -131,7 +146,7 @@ class RunQueue:
 
         async def command():
             return await self.client.xautoclaim(
-                keys.runs(), GROUP, self.consumer, self.lease_ms, start_id=self._cursor, count=count
+                self.stream, GROUP, self.consumer, self.lease_ms, start_id=self._cursor, count=count
             )
 
         reply = await self._call("reclaiming runs", command)
@@ -150,7 +165,7 @@ class RunQueue:
 
         async def command():
             idle_ms = 1000 * self.lease_ms
-            return await self.client.xclaim(keys.runs(), GROUP, self.consumer, 0, entry_ids, idle=idle_ms, justid=True)
+            return await self.client.xclaim(self.stream, GROUP, self.consumer, 0, entry_ids, idle=idle_ms, justid=True)
 
         await self._call("handing runs over", command)
 
@@ -159,6 +174,6 @@ class RunQueue:
 
         async def command():
             async with self.client.pipeline(transaction=False) as pipe:
-                return await pipe.xack(keys.runs(), GROUP, entry_id).xdel(keys.runs(), entry_id).execute()
+                return await pipe.xack(self.stream, GROUP, entry_id).xdel(self.stream, entry_id).execute()
 
         await self._call("finishing a run", command)

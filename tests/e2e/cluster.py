@@ -247,7 +247,7 @@ class ResumingClient:
     async def generation(self, body: dict) -> Outcome:
         """An async text-to-audio job: submit, wait for it, download."""
         outcome = Outcome("audio", str(uuid.uuid4()))
-        state = {"request_id": None}
+        state = {"request_id": None, "deadline": time.monotonic() + self.deadline_s}
 
         async def attempt(http: httpx.AsyncClient, url: str) -> None:
             if state["request_id"] is None:
@@ -260,13 +260,15 @@ class ResumingClient:
                 async with _sending(http, request) as response:
                     await _check(response, http, url, None)
                     state["request_id"] = outcome.request_id = json.loads(await response.aread())["id"]
-            while True:
+            while time.monotonic() < state["deadline"]:
                 record = await _get_json(http, f"{url}/v1/requests/{state['request_id']}")
                 if record["status"] == "done":
                     break
                 if record["status"] in ("failed", "cancelled"):
                     raise _Failed(f"{record['status']}: {record.get('error')}")
                 await asyncio.sleep(0.2)
+            else:
+                raise _Failed(f"hung: still {record['status']} after {self.deadline_s:.0f} s")
             async with _sending(http, http.build_request("GET", f"{url}/v1/requests/{state['request_id']}/audio")) as r:
                 await _check(r, http, url, state["request_id"])
                 await _read_bytes(r, outcome)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import AsyncIterator
 
 import httpx
@@ -26,6 +27,7 @@ async def running_gateway(redis_url: str, **overrides) -> AsyncIterator[tuple[Ga
         talker_targets=down,
         vocoder_targets=down,
         diffusion_targets=down,
+        run_queue=f"chorus:runs:{uuid.uuid4().hex}",  # runs left in flight by one test are not another test's
     )
     config = GatewayConfig(**(settings | overrides))
     gateway = GatewayService(config)

@@ -24,7 +24,8 @@ SAMPLE_RATE_HZ = 24_000
 
 
 def segment_index(request_id: str) -> int:
-    return int(request_id.rsplit(".", 1)[-1]) if "." in request_id else 0
+    index = request_id.rsplit(".", 1)[-1].split("~")[0]  # a fail-over's stream id ends "~<tag>"
+    return int(index) if "." in request_id else 0
 
 
 class ContractTalker(talker_pb2_grpc.TalkerServicer):

@@ -15,7 +15,6 @@ import pytest
 from redis_servers import cancel_wake_s
 from speech_stack import speech_stack
 
-from chorus.gateway.state import keys
 from chorus.gateway.state.connection import open_redis
 from chorus.gateway.state.runs import RunQueue, consumer_name
 from chorus.runtime.redis_server import start_local_redis
@@ -87,8 +86,9 @@ async def test_a_restarted_redis_is_used_again_cancel_subscription_included(star
             own_redis.process.wait()
             slowest_s = await assert_fast_503(http, "dead Redis")
             await asyncio.sleep(1.0)  # the listener notices and keeps retrying
-            restarted = start_local_redis(tmp_path / "redis", port=own_redis.port)  # empty, on the same port
-            own_redis.process = restarted.process
+            own_redis.stop()  # lets go of the data directory's lock
+            restarted = start_local_redis(tmp_path / "redis", port=own_redis.port)  # on the same port
+            own_redis.process, own_redis.lock = restarted.process, restarted.lock
 
         started = time.monotonic()
         reply = await speak(http)
@@ -109,10 +109,10 @@ async def test_the_run_queue_survives_a_redis_that_lost_its_data(own_redis):
     client = open_redis(own_redis.url)
     queue = RunQueue(client, consumer_name(), lease_s=2.0)
     try:
-        await queue.enqueue_owned("before", b"spec")
+        await queue.admit({"request_id": "before", "status": "queued"}, b"spec", 60, None)
         await client.flushall()  # what a restart of a Redis without persistence leaves
-        entry_id = await queue.enqueue_owned("after", b"spec")
-        assert await client.xlen(keys.runs()) == 1
+        _, entry_id = await queue.admit({"request_id": "after", "status": "queued"}, b"spec", 60, None)
+        assert await client.xlen(queue.stream) == 1
         assert await queue.heartbeat() == {entry_id}
     finally:
         await client.aclose()

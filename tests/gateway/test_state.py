@@ -14,6 +14,7 @@ from chorus.gateway.state.cancel import CancelListener
 from chorus.gateway.state.connection import open_redis
 from chorus.gateway.state.journal import JournalTrimmed, OutputJournal
 from chorus.gateway.state.requests import CANCELLED, DONE, FAILED, QUEUED, RUNNING, RequestStore
+from chorus.gateway.state.runs import RunQueue
 from chorus.runtime.errors import NotFound, Overloaded, Unavailable
 from chorus.runtime.processes import free_port
 
@@ -166,11 +167,22 @@ async def test_a_cancel_published_while_the_subscription_is_down_still_stops_the
 
 
 async def test_idempotency_key_maps_to_the_first_request(client, other_client):
-    first, second = RequestStore(client), RequestStore(other_client)
+    """Admitting claims the key with the record and the run, all or nothing: a twin gets the first request."""
+    stream = f"chorus:runs:{time.monotonic_ns()}"
+    first, second = RunQueue(client, "replica-a", 2.0, stream), RunQueue(other_client, "replica-b", 2.0, stream)
+    store = RequestStore(client)
     key = f"idem-{time.monotonic_ns()}"
-    assert await first.claim_idempotency_key("owner", key, "request-a") is None
-    assert await second.claim_idempotency_key("owner", key, "request-b") == "request-a"
-    assert await second.claim_idempotency_key("other-owner", key, "request-c") is None
+
+    async def admit(queue: RunQueue, owner: str) -> tuple[bool, str]:
+        _, fields = store.new_record("speech", "m", owner=owner)
+        return await queue.admit(fields, b"spec", 60, (keys.idempotency(owner, key), 60))
+
+    is_new, _ = await admit(first, "owner")
+    assert is_new
+    first_id = await store.idempotent_request("owner", key)
+    assert await admit(second, "owner") == (False, first_id)
+    assert (await admit(second, "other-owner"))[0]
+    assert (await store.get(first_id)).status == "queued"
 
 
 def test_api_keys_are_checked_and_held_hashed():
