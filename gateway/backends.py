@@ -40,15 +40,18 @@ class Replica:
         self.is_healthy = False
         self._slow_checks = 0  # consecutive checks that timed out
         self.num_active = 0  # streams this gateway has open to the replica
+        self.num_opened_since_report = 0  # of those, opened after the last load report (which counts the rest)
         self.load: common_pb2.LoadReport | None = None  # the last report; None until one arrives
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self.stub = _STUBS[kind](self.channel)
 
     @property
     def load_score(self) -> int:
-        """Streams running or queued on the replica (last report) plus those this gateway opened."""
-        reported = self.load.live_streams + self.load.queue_depth if self.load is not None else 0
-        return reported + self.num_active
+        """Streams running or queued on the replica: its last report, plus those this gateway opened since (the
+        report counts the older ones already: adding every open stream would count them twice)."""
+        if self.load is None:
+            return self.num_active
+        return self.load.live_streams + self.load.queue_depth + self.num_opened_since_report
 
     async def check(self, timeout_s: float) -> bool:
         """One health check. A NOT_SERVING answer or a refused connection counts at once; a check that only
@@ -67,7 +70,9 @@ class Replica:
         self.is_healthy = is_healthy
         if is_healthy:
             try:
+                opened_before = self.num_opened_since_report
                 self.load = await self.stub.GetLoad(common_pb2.GetLoadRequest(), timeout=timeout_s)
+                self.num_opened_since_report -= opened_before  # counted by this report
             except grpc.aio.AioRpcError:
                 self.load = None
         return is_healthy
@@ -128,6 +133,7 @@ class BackendPool:
                     raise
                 await asyncio.sleep(min(0.1, self.interval_s))
         replica.num_active += 1
+        replica.num_opened_since_report += 1
         return replica
 
     def release(self, replica: Replica) -> None:
