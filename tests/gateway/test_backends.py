@@ -55,7 +55,7 @@ async def test_least_loaded_healthy_replica_gets_the_work():
         await settle(pool, lambda: by_target[replicas[0][3]].load_score == 7)
         assert pool.pick("talker").target == replicas[1][3]  # replica 2 is idle but draining
 
-        by_target[replicas[1][3]].num_active = 10  # streams this gateway just opened there
+        by_target[replicas[1][3]].num_opened_since_report = 10  # streams this gateway opened since its report
         assert pool.pick("talker").target == replicas[0][3]
 
         await replicas[0][2].set("chorus.v1.Talker", health_pb2.HealthCheckResponse.NOT_SERVING)
