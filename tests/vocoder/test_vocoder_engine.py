@@ -11,7 +11,7 @@ import torch
 from vocoder_helpers import random_codes
 
 from chorus.runtime.errors import InvalidRequest, Overloaded, Unavailable
-from chorus.vocoder.engine.engine import BatchReport, DecodeEngine, EngineSettings, StreamEnded
+from chorus.vocoder.engine.engine import BatchReport, DecodeEngine, DecodeStream, EngineSettings, StreamEnded
 from chorus.vocoder.engine.runner import CodecRunner
 from chorus.vocoder.engine.stream import StreamStatus
 
@@ -156,3 +156,75 @@ async def test_stop_right_after_a_read_returns(tiny_codec):
     await asyncio.wait_for(engine.stop(), timeout=10)
     with pytest.raises(Unavailable):
         engine.open_stream("after stop")
+
+
+def _growing_chunks(num_frames: int, max_frames: int = 25) -> list[int]:
+    """The talker's chunking: 1, 2, 4, … up to `max_frames` frames (fewer at the end)."""
+    sizes: list[int] = []
+    while sum(sizes) < num_frames:
+        sizes.append(min(max_frames, 1 << len(sizes), num_frames - sum(sizes)))
+    return sizes
+
+
+async def test_streams_closed_mid_batch_and_newcomers_in_their_slots_leave_the_others_exact(tiny_codec):
+    """What a surviving vocoder replica sees when a talker replica dies: two of four streams are closed while
+    their pieces are in flight (inside the batch hook, so the close lands between the decode and its outputs),
+    two new streams take the freed state slots; the two streams that go on must decode exactly as one-shot,
+    and so must the newcomers (their reused slots start fresh)."""
+    num_frames = 60
+    codes = [random_codes(num_frames, seed=400 + i)[0].numpy() for i in range(6)]
+    streams: dict[int, DecodeStream] = {}
+    closed_slots: list[int] = []
+
+    def close_two_mid_batch(report: BatchReport) -> None:
+        if closed_slots or report.batch_size < 2:
+            return
+        for index in (1, 2):
+            closed_slots.append(streams[index]._record.slot)
+            assert streams[index]._record.is_in_flight, "the close must land while the stream's piece is in flight"
+            streams[index].close()
+
+    engine = DecodeEngine(
+        CodecRunner(tiny_codec.decoder, max_streams=4),
+        EngineSettings(max_batch_size=4, batch_window_s=0.005),
+        on_batch=close_two_mid_batch,
+    )
+    await engine.start()
+
+    async def run(index: int) -> np.ndarray | None:
+        stream = streams[index]
+
+        async def produce() -> None:
+            start = 0
+            for size in _growing_chunks(num_frames):
+                await stream.send(codes[index][start : start + size])
+                start += size
+                await asyncio.sleep(0.002 * index)  # streams at different points: batches mix chunk lengths
+            stream.end_input()
+
+        producer = asyncio.create_task(produce())
+        try:
+            pieces = [piece.waveform async for piece in stream]
+        except StreamEnded:
+            return None
+        finally:
+            producer.cancel()
+        return np.concatenate(pieces)
+
+    try:
+        for index in range(4):
+            streams[index] = engine.open_stream(f"s{index}")
+        first = [asyncio.create_task(run(index)) for index in range(4)]
+        while not closed_slots:
+            await asyncio.sleep(0.005)
+        for index in (4, 5):
+            streams[index] = engine.open_stream(f"n{index}")
+        assert sorted(streams[index]._record.slot for index in (4, 5)) == sorted(closed_slots)
+        results = await asyncio.gather(*first, *(run(index) for index in (4, 5)))
+    finally:
+        await engine.stop()
+    assert results[1] is None and results[2] is None
+    for index in (0, 3, 4, 5):
+        expected = _one_shot(tiny_codec.decoder, torch.from_numpy(codes[index])[None])
+        assert results[index].shape == expected.shape, index
+        assert np.abs(results[index] - expected).max() <= 1e-5, index
