@@ -70,8 +70,8 @@ class RunBroker:
         interval_s = self.lease_s / 4
         while True:
             try:
-                await self._renew()
-                if not self.is_draining:
+                if not self.is_draining:  # a renewal now would take back the runs just handed over
+                    await self._renew()
                     await self._reclaim(continue_run)
             except (ChorusError, *REDIS_ERRORS) as exc:
                 log.warning("run leases: %s; retrying", exc)

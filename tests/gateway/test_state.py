@@ -224,3 +224,19 @@ async def test_redis_outage_is_unavailable_fast():
             await operation
         assert time.monotonic() - started < 1.0
     await client.aclose()
+
+
+async def test_runs_handed_over_are_taken_at_once_and_lapsed_leases_after_the_lease(client, other_client):
+    stream = f"chorus:runs:{time.monotonic_ns()}"
+    owner, other = RunQueue(client, "owner", 0.5, stream), RunQueue(other_client, "other", 0.5, stream)
+    store = RequestStore(client)
+    entry_ids = []
+    for _ in range(2):
+        _, fields = store.new_record("speech", "m")
+        entry_ids.append((await owner.admit(fields, b"spec", 60, None))[1])
+    assert await owner.heartbeat() == set(entry_ids) and await other.reclaim() == []  # leased
+    await owner.release(entry_ids[:1])  # SIGTERM: handed over
+    assert [entry.entry_id for entry in await other.reclaim()] == entry_ids[:1]
+    await asyncio.sleep(1.0)  # the owner stopped renewing: the other lease lapses too
+    assert entry_ids[1] in [entry.entry_id for entry in await other.reclaim()]
+    assert await owner.heartbeat() == set()  # and the owner learns it owns neither any more
