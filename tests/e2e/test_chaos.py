@@ -81,7 +81,7 @@ def cluster(redis_url, tmp_path):
 
 
 @pytest.mark.timeout(300)
-async def test_no_request_is_lost_or_changed_while_processes_die(cluster, redis_url):
+async def test_no_request_is_lost_or_changed_while_processes_die(cluster, redis_url, capsys):
     started = time.monotonic()
     client = ResumingClient(cluster.gateway_urls, deadline_s=60.0)
     requests, reference = await references(cluster, client)
@@ -92,14 +92,15 @@ async def test_no_request_is_lost_or_changed_while_processes_die(cluster, redis_
 
     failed, different, largest_lsb = judge(answers, requests, reference, redis_url)
     gaps = resumed_after(faults.log, [answer for _, answer in answers])
-    print(
-        f"\nchaos: {len(answers)} requests ({sum(a.reconnects for _, a in answers)} client reconnects), "
-        f"{len(faults.log)} faults ({', '.join(f'{action} {name}' for _, action, name in faults.log)}), "
-        f"restarts {sum(m.restarts for m in cluster.members)}; failed {len(failed)}, different {len(different)}, "
-        f"largest audio difference {largest_lsb} LSB; fault → next audio of the streams in flight: "
-        f"p50 {np.percentile(gaps, 50) if gaps else 0:.2f} s, p95 {np.percentile(gaps, 95) if gaps else 0:.2f} s, "
-        f"max {max(gaps, default=0):.2f} s over {len(gaps)} streams; {time.monotonic() - started:.0f} s in all"
-    )
+    with capsys.disabled():  # the figures show in every run, not only a failing one
+        print(
+            f"\nchaos: {len(answers)} requests ({sum(a.reconnects for _, a in answers)} client reconnects), "
+            f"{len(faults.log)} faults ({', '.join(f'{action} {name}' for _, action, name in faults.log)}), "
+            f"restarts {sum(m.restarts for m in cluster.members)}; failed {len(failed)}, different {len(different)}, "
+            f"largest audio difference {largest_lsb} LSB; fault → next audio of the streams in flight: "
+            f"p50 {np.percentile(gaps, 50) if gaps else 0:.2f} s, p95 {np.percentile(gaps, 95) if gaps else 0:.2f} s, "
+            f"max {max(gaps, default=0):.2f} s over {len(gaps)} streams; {time.monotonic() - started:.0f} s in all"
+        )
     assert len(faults.log) >= 5, "too few faults injected to prove anything"
     assert not failed, f"requests failed: {failed}"
     assert not different, f"requests whose answer differs from their undisturbed run: {different}"

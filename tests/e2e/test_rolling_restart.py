@@ -38,7 +38,7 @@ async def _restart_one_at_a_time(cluster: Cluster, timings: list[tuple[str, floa
 
 
 @pytest.mark.timeout(300)
-async def test_a_rolling_restart_under_load_fails_no_request(cluster, redis_url):
+async def test_a_rolling_restart_under_load_fails_no_request(cluster, redis_url, capsys):
     client = ResumingClient(cluster.gateway_urls, deadline_s=60.0)
     requests, reference = await references(cluster, client)
 
@@ -47,12 +47,13 @@ async def test_a_rolling_restart_under_load_fails_no_request(cluster, redis_url)
     answers = await load(client, requests, until=float("inf"), lanes=3, stop=restarts)
 
     failed, different, largest_lsb = judge(answers, requests, reference, redis_url)
-    print(
-        f"\nrolling restart: {len(answers)} requests ({sum(a.reconnects for _, a in answers)} client reconnects) "
-        f"while {len(timings)} processes restarted one at a time "
-        f"({', '.join(f'{name} {seconds:.1f} s' for name, seconds in timings)}); failed {len(failed)}, "
-        f"different {len(different)}, largest audio difference {largest_lsb} LSB"
-    )
+    with capsys.disabled():  # the figures show in every run, not only a failing one
+        print(
+            f"\nrolling restart: {len(answers)} requests ({sum(a.reconnects for _, a in answers)} client reconnects) "
+            f"while {len(timings)} processes restarted one at a time "
+            f"({', '.join(f'{name} {seconds:.1f} s' for name, seconds in timings)}); failed {len(failed)}, "
+            f"different {len(different)}, largest audio difference {largest_lsb} LSB"
+        )
     assert len(timings) == len(cluster.members)
     assert not failed, f"requests failed: {failed}"
     assert not different, f"requests whose answer differs from their undisturbed run: {different}"
