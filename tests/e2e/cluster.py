@@ -150,6 +150,19 @@ class Cluster:
                 member.process.wait()
 
 
+@contextlib.contextmanager
+def two_of_everything(redis_url: str, log_dir: Path, env: dict | None = None):
+    """Two gateway processes and two replicas of every backend, serving; their clients may resume through the
+    other gateway (a run keeps going that long after its last reader left)."""
+    env = {"CHORUS_GATEWAY_RECONNECT_GRACE_S": "10", "CHORUS_GATEWAY_HEALTH_INTERVAL_S": "0.5"} | (env or {})
+    cluster = Cluster(redis_url, log_dir, {"talker": 2, "vocoder": 2, "diffusion": 2}, gateways=2, env=env)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
 # ---- clients that resume across gateway processes ----
 
 

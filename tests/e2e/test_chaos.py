@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from cluster import Cluster, Outcome, ResumingClient
+from cluster import Cluster, Outcome, ResumingClient, two_of_everything
 from workload import judge, load, references
 
 PHASE_S = 45.0  # the faulty phase keeps load on for this long
@@ -68,16 +68,8 @@ def resumed_after(faults: list[tuple[float, str, str]], outcomes: list[Outcome])
 
 @pytest.fixture
 def cluster(redis_url, tmp_path):
-    env = {
-        "CHORUS_GATEWAY_RECONNECT_GRACE_S": "10",  # a client resuming through the other gateway comes back
-        "CHORUS_GATEWAY_HEALTH_INTERVAL_S": "0.5",
-    }
-    cluster = Cluster(redis_url, tmp_path, {"talker": 2, "vocoder": 2, "diffusion": 2}, gateways=2, env=env)
-    try:
-        cluster.start()
+    with two_of_everything(redis_url, tmp_path) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 @pytest.mark.timeout(300)

@@ -9,20 +9,15 @@ import asyncio
 import time
 
 import pytest
-from cluster import Cluster, ResumingClient
+from cluster import Cluster, ResumingClient, two_of_everything
 from workload import judge, load, references
 
 
 @pytest.fixture
 def cluster(redis_url, tmp_path):
-    env = {"CHORUS_GATEWAY_RECONNECT_GRACE_S": "10", "CHORUS_GATEWAY_HEALTH_INTERVAL_S": "0.5"}
-    env |= {f"CHORUS_{kind}_GRACE_S": "3" for kind in ("GATEWAY", "TALKER", "VOCODER", "DIFFUSION")}
-    cluster = Cluster(redis_url, tmp_path, {"talker": 2, "vocoder": 2, "diffusion": 2}, gateways=2, env=env)
-    try:
-        cluster.start()
+    grace = {f"CHORUS_{kind}_GRACE_S": "3" for kind in ("GATEWAY", "TALKER", "VOCODER", "DIFFUSION")}
+    with two_of_everything(redis_url, tmp_path, grace) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 async def _restart_one_at_a_time(cluster: Cluster, timings: list[tuple[str, float]]) -> None:
