@@ -87,9 +87,7 @@ class GatewayContext:
             catalog=catalog,
             reference_codes=reference_codes,
             frame_journal=FrameJournal(client, ttl_s=config.request_ttl_s),
-            broker=RunBroker(
-                RunQueue(client, consumer_name(), config.run_lease_s, config.run_queue), runs, config.run_lease_s
-            ),
+            broker=RunBroker(RunQueue(client, consumer_name(), config.run_lease_s, config.run_queue), runs),
             voices=VoiceRegistry(VoiceStore(client), backends, catalog, reference_codes, config),
         )
 

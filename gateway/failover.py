@@ -99,15 +99,25 @@ async def next_message(
     replica: Replica,
     policy: FailoverPolicy,
     is_owed: Callable[[], bool] = lambda: True,
+    watched: asyncio.Task | None = None,
 ) -> Message | None:
     """The next message of a replica's stream (None at its end); raises ReplicaFailed once the replica has
-    kept it waiting `stall_s` while `is_owed()` (it has work to answer) and then fails a health probe."""
+    kept it waiting `stall_s` while `is_owed()` (it has work to answer) and then fails a health probe. A
+    `watched` task that fails meanwhile (the stream's writer) raises its error instead."""
+    if watched is not None and watched.done() and watched.exception() is not None:
+        raise watched.exception()
     pending = asyncio.ensure_future(anext(messages, None))
+    waiting = {pending} if watched is None or watched.done() else {pending, watched}
     try:
         while True:
-            done, _ = await asyncio.wait({pending}, timeout=policy.stall_s)
-            if done:
+            done, _ = await asyncio.wait(waiting, timeout=policy.stall_s, return_when=asyncio.FIRST_COMPLETED)
+            if pending in done:
                 return pending.result()
+            if watched in done:
+                if watched.exception() is not None:
+                    raise watched.exception()
+                waiting = {pending}  # it finished its work: only the stream is left to wait for
+                continue
             if is_owed() and not await replica.probe(policy.probe_timeout_s):
                 raise ReplicaFailed(f"replica {replica.target} stopped answering (no output for {policy.stall_s:g} s)")
     finally:

@@ -30,11 +30,11 @@ from chorus.gateway.failover import (
     failure_of,
     next_message,
 )
-from chorus.gateway.journaled_run import JournaledRun, JournalPosition
+from chorus.gateway.journaled_run import JournaledRun
 from chorus.gateway.metrics import REAL_TIME_FACTOR, TIME_TO_FIRST_AUDIO_S
 from chorus.gateway.speech_pipeline import check_final, upstream_error
 from chorus.gateway.state.cancel import CancelListener
-from chorus.gateway.state.journal import OutputJournal
+from chorus.gateway.state.journal import JournalPosition, OutputJournal
 from chorus.gateway.state.requests import RequestStore
 from chorus.runtime.errors import Unavailable
 from chorus.runtime.logs import REQUEST_ID_HEADER

@@ -17,13 +17,14 @@ from pathlib import PurePath
 from chorus.gateway.context import GatewayContext
 from chorus.gateway.frame_log import FRAME_BYTES
 from chorus.gateway.generation_run import GenerationRun
-from chorus.gateway.journaled_run import JournaledRun, JournalPosition
+from chorus.gateway.journaled_run import JournaledRun
 from chorus.gateway.run_spec import GenerationSpec, RunSpec, SpeechSpec, decode_spec, encode_spec
 from chorus.gateway.schemas import GenerationRequest, SpeechRequest
 from chorus.gateway.speech_pipeline import synthesize_segment
 from chorus.gateway.speech_run import SpeechRun, segment_requests
 from chorus.gateway.state import keys
 from chorus.gateway.state.frames import SegmentFrames
+from chorus.gateway.state.journal import JournalPosition
 from chorus.gateway.state.requests import TERMINAL, RequestRecord
 from chorus.gateway.state.runs import RunEntry
 from chorus.gateway.state.voices import Voice
@@ -160,8 +161,7 @@ async def continue_run(ctx: GatewayContext, entry: RunEntry) -> JournaledRun | N
     if status is None or status in TERMINAL:
         return None
     spec = decode_spec(entry.spec)
-    num_chunks, num_bytes = await ctx.journal.position(entry.request_id)
-    resume = JournalPosition(num_chunks, num_bytes)
+    resume = await ctx.journal.position(entry.request_id)
     if isinstance(spec, SpeechSpec) and spec.streams_text:
         return _Unrecoverable(
             ctx, entry.request_id, resume, "its text streamed in over a connection to a gateway process that stopped"

@@ -16,26 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 
 from chorus.gateway.live_output import LiveOutput
 from chorus.gateway.output_lead import OutputLead
 from chorus.gateway.state.cancel import CancelListener, CancelWatch
-from chorus.gateway.state.journal import JournalEntry, OutputJournal
+from chorus.gateway.state.journal import JournalEntry, JournalPosition, OutputJournal
 from chorus.gateway.state.requests import CANCELLED, DONE, FAILED, RUNNING, RequestStore, RunLost
 from chorus.runtime.errors import ChorusError, status_for
 
 log = logging.getLogger("chorus.gateway.run")
 HANDED_OVER = "handed-over"  # `run`'s result when another process continues the run
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class JournalPosition:
-    """How much output a run taken over finds journaled."""
-
-    num_chunks: int
-    num_bytes: int
 
 
 class JournaledRun:

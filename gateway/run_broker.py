@@ -29,10 +29,9 @@ ContinueRun = Callable[[RunEntry], Awaitable[JournaledRun | None]]
 
 
 class RunBroker:
-    def __init__(self, queue: RunQueue, runs: RunRegistry, lease_s: float) -> None:
+    def __init__(self, queue: RunQueue, runs: RunRegistry) -> None:
         self.queue = queue
         self.runs = runs
-        self.lease_s = lease_s
         self.is_draining = False
         self.num_taken_over = 0
         self._loop: asyncio.Task | None = None
@@ -67,7 +66,7 @@ class RunBroker:
         self._loop = asyncio.create_task(self._keep(continue_run), name="run-broker")
 
     async def _keep(self, continue_run: ContinueRun) -> None:
-        interval_s = self.lease_s / 4
+        interval_s = self.queue.lease_s / 4
         while True:
             try:
                 if not self.is_draining:  # a renewal now would take back the runs just handed over

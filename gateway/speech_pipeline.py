@@ -123,7 +123,7 @@ class SegmentPipeline:
 
     async def _talker_stream(self, replica) -> None:
         request = self.request
-        if self.frames.num_frames or self.is_retry:
+        if self.is_retry:
             # A fail-over: the new replica continues after the frames made so far. Its stream gets an id of its
             # own: the stream it replaces may still be open on that replica (its gateway process froze).
             request = talker_pb2.SynthesisRequest()
@@ -186,7 +186,8 @@ class SegmentPipeline:
         sender = asyncio.create_task(self._send_frames(call, opening, num_delivered))
         try:
             while True:
-                output = await self._next_or_sender_failure(call, replica, sender)
+                # The sender raises the talker side's failure while it waits for frames.
+                output = await next_message(aiter(call), replica, self.policy, self._vocoder_owes, sender)
                 if output is None:
                     raise ReplicaFailed(f"vocoder {replica.target} ended the stream without a Final")
                 if output.WhichOneof("output") == "pcm":
@@ -204,15 +205,6 @@ class SegmentPipeline:
             with contextlib.suppress(asyncio.CancelledError, Exception):  # what ended the stream is raised already
                 await sender
             call.cancel()
-
-    async def _next_or_sender_failure(self, call, replica, sender: asyncio.Task):
-        """The vocoder's next message; or the talker side's failure, which the sender raises while waiting."""
-        reading = asyncio.ensure_future(next_message(aiter(call), replica, self.policy, self._vocoder_owes))
-        done, _ = await asyncio.wait({reading, sender}, return_when=asyncio.FIRST_COMPLETED)
-        if reading not in done and sender.exception() is not None:
-            reading.cancel()
-            raise sender.exception()
-        return await reading
 
     def _vocoder_owes(self) -> bool:
         """Whether the vocoder has work to answer (audio of frames sent, or its Final): silence is then a stall."""

@@ -14,14 +14,14 @@ from collections.abc import AsyncIterator, Callable
 
 from chorus.gateway.audio import StreamingEncoder
 from chorus.gateway.frame_log import FrameLog
-from chorus.gateway.journaled_run import JournaledRun, JournalPosition
+from chorus.gateway.journaled_run import JournaledRun
 from chorus.gateway.metrics import REAL_TIME_FACTOR, TIME_TO_FIRST_AUDIO_S
 from chorus.gateway.ordered import ordered_concurrent
 from chorus.gateway.output_lead import OutputLead
 from chorus.gateway.segmenter import split_segments
 from chorus.gateway.state.cancel import CancelListener
 from chorus.gateway.state.frames import FrameJournal, SegmentFrames
-from chorus.gateway.state.journal import OutputJournal
+from chorus.gateway.state.journal import JournalPosition, OutputJournal
 from chorus.gateway.state.requests import RequestStore
 from chorus.v1 import common_pb2, talker_pb2
 from chorus.wire import chunk_to_pcm

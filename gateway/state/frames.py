@@ -29,15 +29,19 @@ class FrameJournal:
 
     async def append(self, request_id: str, segment: int, offset: int, codes: bytes) -> None:
         """Journals frames of `segment` from frame `offset` on."""
-        await self._add(request_id, {"segment": segment, "offset": offset, "codes": codes})
+        await self._add(request_id, {"segment": segment, "offset": offset, "codes": codes}, set_ttl=offset == 0)
 
     async def finish(self, request_id: str, segment: int, num_frames: int) -> None:
         """The talker of `segment` finished after `num_frames` frames."""
-        await self._add(request_id, {"segment": segment, "end": num_frames})
+        await self._add(request_id, {"segment": segment, "end": num_frames}, set_ttl=True)
 
-    async def _add(self, request_id: str, entry: dict) -> None:
+    async def _add(self, request_id: str, entry: dict, set_ttl: bool) -> None:
+        """One entry; the stream's TTL is set with a segment's first frames and its end, not per chunk."""
         key = keys.frames(request_id)
         with redis_guard("journaling codec frames"):
+            if not set_ttl:  # the hot path: one command
+                await self.client.xadd(key, entry)
+                return
             async with self.client.pipeline(transaction=False) as pipe:
                 await pipe.xadd(key, entry).expire(key, self.ttl_s).execute()
 

@@ -41,6 +41,14 @@ class JournalEntry:
     final: dict | None = None  # set on the end marker: {"status": ..., "error": ..., "usage": ...}
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class JournalPosition:
+    """How much output a run taken over finds journaled."""
+
+    num_chunks: int
+    num_bytes: int
+
+
 class JournalTrimmed(NotFound):
     """The chunks a client asked for were trimmed from the capped journal; it cannot resume."""
 
@@ -76,14 +84,14 @@ class OutputJournal:
         if not appended:
             raise RunLost(f"request {request_id!r} is run by another gateway process now")
 
-    async def position(self, request_id: str) -> tuple[int, int]:
+    async def position(self, request_id: str) -> JournalPosition:
         """(chunks, bytes) journaled so far: where a run taken over continues its output."""
         with redis_guard("reading the output journal"):
             entries = await self.client.xrange(keys.journal(request_id))
         chunks = [_entry(stream_id, fields) for stream_id, fields in entries if b"data" in fields]
         if chunks and chunks[0].sequence != 0:
             raise JournalTrimmed(f"request {request_id!r}: its journal was trimmed; it cannot be continued")
-        return len(chunks), sum(len(chunk.data) for chunk in chunks)
+        return JournalPosition(len(chunks), sum(len(chunk.data) for chunk in chunks))
 
     async def finish(
         self, request_id: str, status: str, error: dict | None = None, usage: dict | None = None

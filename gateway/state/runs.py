@@ -84,6 +84,7 @@ class RunQueue:
         self.client = client
         self.stream = stream
         self.consumer = consumer
+        self.lease_s = lease_s
         self.lease_ms = int(lease_s * 1000)
         self._admit = client.register_script(_ADMIT)
         self._heartbeat = client.register_script(_HEARTBEAT)
