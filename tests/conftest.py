@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+# Tests fork service processes (subprocess with preexec_fn) while this process runs gRPC threads; gRPC's fork
+# handlers then run half-way in the child, which once aborted (SIGABRT, "epoll_wait error: Bad file descriptor")
+# before its exec. The children exec at once and need none of this process's gRPC state. Set before grpc loads.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import pytest
 
 from chorus.runtime.redis_server import start_local_redis
