@@ -10,8 +10,18 @@ import os
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import pytest
+from _pytest.tmpdir import tmppath_result_key
 
 from chorus.runtime.redis_server import start_local_redis
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # pytest's tmp_path teardown reads a per-test key set only once a setup report exists. When a run is cut
+    # short during a fixture's setup, the session teardown then raised KeyError over the real cause, which
+    # CI's log tail lost (an interrupted run once ended in that traceback alone). An empty entry keeps the
+    # cause and the summary last.
+    item.stash.setdefault(tmppath_result_key, {})
 
 
 def pytest_collection_modifyitems(config, items):
