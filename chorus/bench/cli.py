@@ -16,6 +16,7 @@ import httpx
 from chorus.bench import diffusion, tts
 from chorus.bench.prompts import SPEECH
 from chorus.bench.report import REPO, Progress, write
+from chorus.client.grpc_client import FORMATS
 
 
 def _ints(text: str) -> list[int]:
@@ -45,6 +46,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     speech.add_argument("--fixed-frames", type=int, default=0, help="Every request runs to N frames (EOS ignored).")
     speech.add_argument("--model", default=None, help="Default: the first model the gateway lists.")
     speech.add_argument("--voice", default="ryan")
+    speech.add_argument(
+        "--format", choices=sorted(FORMATS), default="pcm",
+        help="Response format (encoded audio is credited by its packets' durations).",
+    )  # fmt: skip
     speech.add_argument(
         "--chaos",
         type=float,

@@ -1,74 +1,110 @@
 """`chorus bench tts`: streaming speech through a running gateway (REST chunked PCM and/or gRPC `Speak`) at a
 sweep of concurrency levels; each level keeps exactly `concurrency` requests in flight until its request count
-is done. With `--chaos N` a talker or vocoder replica is killed every N seconds meanwhile (`chaos`)."""
+is done. With `--chaos N` a talker or vocoder replica is killed every N seconds meanwhile (`chaos`).
+
+`--format` picks the response format (pcm by default). PCM bytes are audio seconds as they arrive; an encoded
+response's seconds are known once it is complete (its packets' durations, read without decoding), and each piece
+of it is credited its share of them by size, which is exact for constant-bitrate streams and close for others."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import itertools
 import time
 from collections.abc import Callable
 
 import aiohttp
+import av
 import grpc
 
 from chorus.bench.chaos import Chaos
 from chorus.bench.metrics import RequestTiming, summarize
 from chorus.bench.prompts import SPEECH
+from chorus.client.grpc_client import FORMATS
 from chorus.v1 import gateway_pb2, gateway_pb2_grpc
 
 SAMPLE_RATE_HZ = 24_000
 BYTES_PER_SECOND = 2 * SAMPLE_RATE_HZ  # pcm: 16-bit mono
 
 
-def speech_body(model: str, text: str, seed: int, fixed_frames: int | None, voice: str) -> dict:
-    body = {"model": model, "input": text, "voice": voice, "response_format": "pcm", "seed": seed}
+def speech_body(
+    model: str, text: str, seed: int, fixed_frames: int | None, voice: str, response_format: str = "pcm"
+) -> dict:
+    body = {"model": model, "input": text, "voice": voice, "response_format": response_format, "seed": seed}
     if fixed_frames:
         body |= {"max_frames": fixed_frames, "ignore_eos": True}
     return body
 
 
+class Response:
+    """One response's bytes as they arrive, turned into its RequestTiming once complete."""
+
+    def __init__(self, response_format: str) -> None:
+        self.response_format = response_format
+        self.timing = RequestTiming(sent_at=time.perf_counter())
+        self.pieces: list[tuple[float, int]] = []  # (arrival time, bytes)
+        self.encoded = bytearray()
+
+    def arrived(self, data: bytes) -> None:
+        if not data:
+            return
+        now = time.perf_counter()
+        if self.timing.first_audio_at is None:
+            self.timing.first_audio_at = now
+        self.pieces.append((now, len(data)))
+        if self.response_format != "pcm":
+            self.encoded += data
+
+    async def finish(self, error: str | None = None) -> RequestTiming:
+        self.timing.finished_at = time.perf_counter()
+        self.timing.error = error
+        if error is None and self.pieces:
+            if self.response_format == "pcm":
+                seconds_per_byte = 1 / BYTES_PER_SECOND
+            else:  # off the event loop: the other requests' arrivals are being timed on it
+                seconds_per_byte = await asyncio.to_thread(encoded_duration_s, bytes(self.encoded)) / len(self.encoded)
+            self.timing.arrivals = [(at, num_bytes * seconds_per_byte) for at, num_bytes in self.pieces]
+        return self.timing
+
+
+def encoded_duration_s(data: bytes) -> float:
+    """Seconds of audio in a complete encoded file, from its packets' durations (no decoding)."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        ticks = sum(packet.duration or 0 for packet in container.demux(stream))
+        return float(ticks * stream.time_base)
+
+
 async def rest_request(session: aiohttp.ClientSession, body: dict) -> RequestTiming:
-    timing = RequestTiming(sent_at=time.perf_counter())
+    response = Response(body["response_format"])
     try:
         async with session.post("/v1/audio/speech", json=body) as reply:
             if reply.status != 200:
                 await reply.read()
-                timing.error = f"HTTP {reply.status}"
-                return timing
+                return await response.finish(f"HTTP {reply.status}")
             async for data in reply.content.iter_any():
-                _arrived(timing, len(data))
+                response.arrived(data)
     except (aiohttp.ClientError, TimeoutError) as exc:
-        timing.error = type(exc).__name__
-    timing.finished_at = time.perf_counter()
-    return timing
+        return await response.finish(type(exc).__name__)
+    return await response.finish()
 
 
 async def grpc_request(stub: gateway_pb2_grpc.ChorusStub, body: dict, metadata) -> RequestTiming:
     request = gateway_pb2.SpeakRequest(
         model=body["model"], input=body["input"], voice=body["voice"], seed=body["seed"],
-        response_format=gateway_pb2.AUDIO_FORMAT_PCM, max_frames=body.get("max_frames", 0),
+        response_format=FORMATS[body["response_format"]], max_frames=body.get("max_frames", 0),
         ignore_eos=body.get("ignore_eos", False),
     )  # fmt: skip
-    timing = RequestTiming(sent_at=time.perf_counter())
+    response = Response(body["response_format"])
     try:
         async for output in stub.Speak(request, metadata=metadata):
             if output.HasField("audio"):
-                _arrived(timing, len(output.audio.data))
+                response.arrived(output.audio.data)
     except grpc.aio.AioRpcError as exc:
-        timing.error = exc.code().name
-    timing.finished_at = time.perf_counter()
-    return timing
-
-
-def _arrived(timing: RequestTiming, num_bytes: int) -> None:
-    if num_bytes == 0:
-        return
-    now = time.perf_counter()
-    if timing.first_audio_at is None:
-        timing.first_audio_at = now
-    timing.arrivals.append((now, num_bytes / BYTES_PER_SECOND))
+        return await response.finish(exc.code().name)
+    return await response.finish()
 
 
 async def run_level(
@@ -124,7 +160,7 @@ async def run(args, progress) -> list[dict]:
             num_requests = args.requests_per_level or max(8, 2 * concurrency)
 
             def send(index: int, transport=transport, concurrency=concurrency):
-                body = speech_body(model, texts[index % len(texts)], index, args.fixed_frames, args.voice)
+                body = speech_body(model, texts[index % len(texts)], index, args.fixed_frames, args.voice, args.format)
                 if transport == "rest":
                     return rest_request(http, body)
                 return grpc_request(stubs[index % concurrency], body, metadata)

@@ -74,6 +74,22 @@ async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, r
     assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("response_format", ["mp3", "opus"])
+async def test_bench_tts_times_encoded_formats_by_their_duration(start_gateway, redis_url, tmp_path, response_format):
+    async with speech_stack(start_gateway, redis_url, str(tmp_path)) as (_, http, target, _, _):
+        args = _args([
+            "bench", "tts", "--url", str(http.base_url), "--grpc-target", target, "--concurrency", "1",
+            "--requests-per-level", "2", "--fixed-frames", "9", "--prompts", "short", "--format", response_format,
+        ])  # fmt: skip
+        levels = await tts.run(args, _Quiet())
+    assert [level["transport"] for level in levels] == ["rest", "grpc"]
+    for level in levels:
+        assert level["completed"] == 2 and not level["errors"], level
+        # Encoders pad to whole frames (mp3: 1152 samples, opus: 20 ms) and add their priming delay.
+        assert level["audio_s"] == pytest.approx(2 * 9 * FRAME_S, abs=2 * 0.1), "seconds from the packets"
+        assert level["underrun_events"] == 0
+
+
 async def test_bench_diffusion_runs_concurrent_requests(start_gateway, redis_url, tmp_path):
     config = DiffusionConfig(device="cpu", metrics_port=-1, batch_window_ms=5, grace_s=1.0)
     async with (
