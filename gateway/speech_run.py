@@ -122,7 +122,7 @@ class SpeechRun(JournaledRun):
                     sample_rate_hz = pcm.sample_rate_hz
                     encoder = StreamingEncoder(self.response_format, sample_rate_hz, samples.shape[1], self.speed)
                 num_samples += samples.shape[0]
-                data = encoder.encode(samples)
+                data = await encoder.encode_async(samples)
                 next_sequence = await self._journal(sequence, data)
                 if self.lead is not None and next_sequence > sequence:
                     self.lead.journaled(sequence, num_samples / sample_rate_hz)
@@ -133,7 +133,7 @@ class SpeechRun(JournaledRun):
             if encoder is None:  # no audio at all (e.g. immediate EOS): still a valid, empty file
                 encoder = StreamingEncoder(self.response_format, _DEFAULT_RATE_HZ)
             is_flushed = True
-            sequence = await self._journal(sequence, encoder.flush())
+            sequence = await self._journal(sequence, await encoder.flush_async())
         finally:
             await chunks.aclose()
             if encoder is not None and not is_flushed:

@@ -1,13 +1,18 @@
 """Incremental encoding: PCM chunks in, encoded bytes out as soon as the codec yields them.
 
-The concatenation of every `encode` result and the final `flush` is one valid file. Containers
+The concatenation of every `encode` result and the final `flush` is one valid file. `encode_async` and
+`flush_async` run a codec (or the tempo filter) in a worker thread: PyAV releases the GIL while it
+encodes, so a gateway process spreads its streams' mp3/opus work over the machine's cores and its
+event loop keeps serving the others meanwhile. Containers
 are written to a non-seekable sink, so muxers that would go back to patch a header (mp3's Xing
 frame, FLAC's STREAMINFO totals) leave it as "unknown length", which every decoder accepts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import struct
+import threading
 
 import av
 import numpy as np
@@ -75,6 +80,8 @@ class StreamingEncoder:
         self._is_finished = False
         self._has_sent_header = False
         self._sink = _ByteSink()
+        # encode/flush may run in a worker thread while the event loop closes a cancelled stream.
+        self._lock = threading.Lock()
         self._container = None
         self._stream = None
         if self.spec.container is not None:
@@ -94,29 +101,50 @@ class StreamingEncoder:
 
     def encode(self, samples: np.ndarray) -> bytes:
         """Feeds one chunk; returns whatever encoded bytes are ready (possibly none yet)."""
-        assert not self._is_finished, "encode after flush"
-        frame = self._to_frame(samples)
-        frames = self._tempo.process(frame) if self._tempo is not None else [frame]
-        return self._write(frames)
+        with self._lock:
+            assert not self._is_finished, "encode after flush"
+            frame = self._to_frame(samples)
+            frames = self._tempo.process(frame) if self._tempo is not None else [frame]
+            return self._write(frames)
 
     def flush(self) -> bytes:
         """Ends the stream; returns the last bytes (codec tail, container trailer)."""
-        assert not self._is_finished, "flush twice"
-        frames = self._tempo.process(None) if self._tempo is not None else []
-        data = self._write(frames)
-        self._is_finished = True
-        if self._container is not None:
-            for packet in self._stream.encode(None):
-                self._container.mux(packet)
-            self._container.close()
-            data += self._sink.take()
-        return data
+        with self._lock:
+            assert not self._is_finished, "flush twice"
+            frames = self._tempo.process(None) if self._tempo is not None else []
+            data = self._write(frames)
+            self._is_finished = True
+            if self._container is not None:
+                for packet in self._stream.encode(None):
+                    self._container.mux(packet)
+                self._container.close()
+                data += self._sink.take()
+            return data
+
+    async def encode_async(self, samples: np.ndarray) -> bytes:
+        """`encode`, in a worker thread unless the format is plain PCM (pcm, wav at speed 1)."""
+        if self._is_plain_pcm:
+            return self.encode(samples)
+        return await asyncio.to_thread(self.encode, samples)
+
+    async def flush_async(self) -> bytes:
+        """`flush`, in a worker thread unless the format is plain PCM."""
+        if self._is_plain_pcm:
+            return self.flush()
+        return await asyncio.to_thread(self.flush)
 
     def close(self) -> None:
-        """Releases the codec without finishing the file (the request was cancelled)."""
-        self._is_finished = True
-        if self._container is not None:
-            self._container.close()
+        """Releases the codec without finishing the file (the request was cancelled); waits for an encode
+        still running in a worker thread (at most one chunk's)."""
+        with self._lock:
+            self._is_finished = True
+            if self._container is not None:
+                self._container.close()
+
+    @property
+    def _is_plain_pcm(self) -> bool:
+        """Whether encoding is only a sample conversion (microseconds a chunk): not worth a thread hop."""
+        return self._container is None and self._tempo is None
 
     def _to_frame(self, samples: np.ndarray) -> av.AudioFrame:
         samples = np.asarray(samples)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import struct
 
@@ -128,3 +129,25 @@ def test_close_without_flush_releases_the_codec():
     encoder = StreamingEncoder("aac", *SPEECH)
     encoder.encode(tone(*SPEECH, duration_s=0.2))
     encoder.close()
+
+
+@pytest.mark.parametrize(("format_name", "speed"), [("mp3", 1.0), ("flac", 1.0), ("pcm", 1.5), ("pcm", 1.0)])
+async def test_async_encoding_gives_the_same_bytes(format_name, speed):
+    samples = tone(*SPEECH, 1.0)
+    chunk = int(CHUNK_S * SPEECH[0])
+    inline = StreamingEncoder(format_name, *SPEECH, speed=speed)
+    threaded = StreamingEncoder(format_name, *SPEECH, speed=speed)
+    expected = encode_in_chunks(inline, samples)
+    got = [await threaded.encode_async(samples[i : i + chunk]) for i in range(0, len(samples), chunk)]
+    assert [*got, await threaded.flush_async()] == expected
+
+
+async def test_close_waits_for_an_encode_running_in_its_thread():
+    encoder = StreamingEncoder("mp3", *MUSIC)
+    running = asyncio.ensure_future(encoder.encode_async(tone(*MUSIC, 10.0)))
+    await asyncio.sleep(0)  # the worker thread has the chunk
+    running.cancel()  # as a cancelled request: its stream closes the encoder at once
+    encoder.close()  # blocks until the thread's encode is done: PyAV must not close a codec in use
+    assert (await asyncio.gather(running, return_exceptions=True))[0].__class__ is asyncio.CancelledError
+    with pytest.raises(AssertionError, match="encode after flush"):
+        encoder.encode(tone(*MUSIC, 0.1))
