@@ -57,10 +57,6 @@ class GatewayConfig(ServiceConfig):
     diffusion_max_in_flight: int = option(8, "Text-to-audio requests running at once on the diffusion backend.")
     max_queued: int = option(64, "Requests that may wait for a backend slot, per backend (429 beyond it).")
     queue_timeout_s: float = option(10.0, "Longest wait for a backend slot before 429.")
-    diffusion_batch_window_ms: float = option(
-        20.0, "How long the first text-to-audio request waits for others, to reach the diffusion service as one batch."
-    )
-    diffusion_max_batch_size: int = option(8, "Most text-to-audio requests released together by one batching window.")
     speech_segment_chars: int = option(
         300, "Long speech input is split at sentence boundaries into segments of about this many characters."
     )

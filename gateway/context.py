@@ -8,7 +8,6 @@ import redis.asyncio as redis
 
 from chorus.gateway.admission import Admission, BackendAdmission
 from chorus.gateway.backends import BackendPool
-from chorus.gateway.batch_window import BatchWindow
 from chorus.gateway.catalog import TalkerCatalog
 from chorus.gateway.config import GatewayConfig
 from chorus.gateway.run_broker import RunBroker
@@ -38,7 +37,6 @@ class GatewayContext:
     rate_limiter: RateLimiter
     admission: Admission
     runs: RunRegistry
-    diffusion_window: BatchWindow
     catalog: TalkerCatalog
     reference_codes: ReferenceCodes
     frame_journal: FrameJournal
@@ -83,7 +81,6 @@ class GatewayContext:
             rate_limiter=RateLimiter(client, config.rate_limit_per_s, config.rate_limit_burst),
             admission=admission,
             runs=runs,
-            diffusion_window=BatchWindow(config.diffusion_batch_window_ms / 1000, config.diffusion_max_batch_size),
             catalog=catalog,
             reference_codes=reference_codes,
             frame_journal=FrameJournal(client, ttl_s=config.request_ttl_s),

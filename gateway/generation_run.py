@@ -1,11 +1,12 @@
-"""Running one text-to-audio request: batching window → diffusion replica → encoder → output journal.
+"""Running one text-to-audio request: diffusion replica → encoder → output journal.
 
-The request waits in the gateway's batching window so that requests arriving close together
-reach the diffusion service at once (its scheduler then steps them as one batch), then goes to
-the least-loaded healthy diffusion replica. Each progress event is recorded on the request's
-record (status and SSE readers follow it). A replica that fails before the audio is complete
-(dies, hangs, drains) is replaced: the request starts again from step 0 on another replica with
-the same seed, so the audio is the same, and its progress says `restarts`. The audio is kept
+The request goes straight to the least-loaded healthy diffusion replica. There is no batching
+window here: the service batches continuously (a request joins the running batch at its next
+step, on its own schedule), so holding requests back to send them together would only delay
+them. Each progress event is recorded on the request's record (status and SSE readers follow
+it). A replica that fails before the audio is complete (dies, hangs, drains) is replaced: the
+request starts again from step 0 on another replica with the same seed, so the audio is the
+same, and its progress says `restarts`. The audio is kept
 until the replica's Final, then encoded and journaled like speech, so download and resume work
 the same way. Cancelling the run cancels the diffusion stream, which stops the service's
 sampling loop for this request.
@@ -20,7 +21,6 @@ import numpy as np
 
 from chorus.gateway.audio import StreamingEncoder
 from chorus.gateway.backends import BackendPool
-from chorus.gateway.batch_window import BatchWindow
 from chorus.gateway.failover import (
     DEFAULT_POLICY,
     FailoverPolicy,
@@ -50,7 +50,6 @@ class GenerationRun(JournaledRun):
         cancels: CancelListener,
         request: diffusion_pb2.GenerateRequest,
         backends: BackendPool,
-        batch_window: BatchWindow,
         response_format: str,
         policy: FailoverPolicy = DEFAULT_POLICY,
         runner: str = "",
@@ -59,13 +58,11 @@ class GenerationRun(JournaledRun):
         super().__init__(requests, journal, cancels, request.request_id, runner, resume)
         self.request = request
         self.backends = backends
-        self.batch_window = batch_window
         self.response_format = response_format
         self.policy = policy
 
     async def _produce(self) -> dict:
         started = time.monotonic()
-        await self.batch_window.join()
         failovers = Failovers("diffusion", self.request_id, self.backends, self.policy)
         while True:
             replica = await self.backends.acquire("diffusion", self.policy.replica_wait_s)

@@ -131,7 +131,6 @@ def build_run(
             ctx.cancels,
             spec.request,
             ctx.backends,
-            ctx.diffusion_window,
             spec.response_format,
             ctx.config.failover,
             runner,

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--guidance-scale", type=float, default=7.0)
     parser.add_argument("--duration-s", type=float, default=10.0, help="clamped to the model's window")
     parser.add_argument("--num-concurrent", type=int, default=8)
-    parser.add_argument("--batch-window-ms", type=float, default=20.0)
+    parser.add_argument("--batch-window-ms", type=float, default=0.0)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each of our measurements (median)")
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--compile", action="store_true", help="torch.compile the DiT forward (CUDA graphs on)")

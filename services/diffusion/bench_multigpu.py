@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--guidance-scale", type=float, default=7.0)
     parser.add_argument("--duration-s", type=float, default=10.0, help="clamped to the model's window")
     parser.add_argument("--num-concurrent", type=int, default=8)
-    parser.add_argument("--batch-window-ms", type=float, default=20.0)
+    parser.add_argument("--batch-window-ms", type=float, default=0.0)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each measurement (median)")
     parser.add_argument("--quick", action="store_true", help="one run of each measurement")
     parser.add_argument("--configurations", default="", help="e.g. none:1,cfg:2,tp:4; default: all that fit")

@@ -19,7 +19,11 @@ class DiffusionConfig(ServiceConfig):
     )
     device: str = option("auto", "cuda, cpu, or auto (cuda when available).")
     dtype: str = option("auto", "DiT dtype: float16, bfloat16, float32, or auto (float16 on cuda, float32 on cpu).")
-    batch_window_ms: float = option(20.0, "How long the first request of an idle engine waits for others to join.")
+    # 0: requests that arrive while a batch runs join it at the next step on their own schedule anyway, so a
+    # window only aligns their steps; it buys no throughput and costs a lone request the whole window.
+    batch_window_ms: float = option(
+        0.0, "How long the first request of an idle engine waits for others to join (0: it starts at once)."
+    )
     max_batch_size: int = option(8, "Most samples stepped together (each runs CFG in the same forward).")
     max_queue_size: int = option(
         64, "Requests waiting beyond the running batch; more are refused (RESOURCE_EXHAUSTED)."

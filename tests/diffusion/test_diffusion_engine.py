@@ -73,6 +73,15 @@ async def test_audio_does_not_depend_on_batch_composition(make_engine):
     assert not torch.allclose(batched["d"][0], batched["d"][1])
 
 
+async def test_requests_sent_together_share_a_batch_without_a_window(make_engine):
+    steps = []
+    engine = make_engine(max_batch_size=8, on_step=steps.append)  # the default: no batching window
+    names = [f"r{i}" for i in range(8)]
+    await asyncio.gather(*(_collect(engine, _request(engine, name, seed=i)) for i, name in enumerate(names)))
+    # The first may start alone; the rest join it at its next step rather than waiting for it to finish.
+    assert max(step.num_requests for step in steps) == 8
+
+
 async def test_mixed_step_counts_progress_and_lengths(make_engine):
     engine = make_engine(max_batch_size=4, batch_window_ms=300)
     short = _request(engine, "short", num_steps=2, duration_s=0.2)

@@ -23,6 +23,17 @@ def test_first_request_waits_for_the_window():
     assert scheduler.num_free_slots == 1 and scheduler.queue_depth == 0
 
 
+def test_without_a_window_a_lone_request_starts_on_arrival():
+    scheduler = _scheduler(batch_window_s=0.0)
+    lone = Entry("a", 1, arrival_s=10.0)
+    scheduler.add(lone)
+    assert scheduler.seconds_until_admission(10.0) == 0.0 and scheduler.admit(10.0) == [lone]
+    # Those arriving while it runs are admitted at once too (they join at the engine's next step).
+    late = Entry("b", 2, arrival_s=10.001)
+    scheduler.add(late)
+    assert scheduler.admit(10.001) == [late] and scheduler.num_free_slots == 1
+
+
 def test_a_full_batch_starts_without_waiting():
     scheduler = _scheduler()
     entries = [Entry("a", 2, 0.0), Entry("b", 2, 0.0)]

@@ -17,7 +17,7 @@ from chorus.wire import chunk_to_pcm
 
 @pytest.fixture
 async def diffusion():
-    config = DiffusionConfig(device="cpu", metrics_port=-1, batch_window_ms=5, grace_s=1.0)
+    config = DiffusionConfig(device="cpu", metrics_port=-1, grace_s=1.0)
     service = DiffusionService(config)
     host = ServiceHost(config, service)
     await host.start()

@@ -91,10 +91,10 @@ async def test_bench_tts_times_encoded_formats_by_their_duration(start_gateway, 
 
 
 async def test_bench_diffusion_runs_concurrent_requests(start_gateway, redis_url, tmp_path):
-    config = DiffusionConfig(device="cpu", metrics_port=-1, batch_window_ms=5, grace_s=1.0)
+    config = DiffusionConfig(device="cpu", metrics_port=-1, grace_s=1.0)
     async with (
         hosted(config, DiffusionService(config)) as replica,
-        start_gateway(redis_url, diffusion_targets=(replica,), diffusion_batch_window_ms=1) as (gateway, http, _),
+        start_gateway(redis_url, diffusion_targets=(replica,)) as (gateway, http, _),
     ):
         for _ in range(200):
             if gateway.context.backends.replicas["diffusion"][0].is_healthy:

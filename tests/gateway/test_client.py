@@ -30,7 +30,7 @@ def decoded(data: bytes) -> tuple[int, float]:
 
 @pytest.fixture
 async def stack(start_gateway, redis_url, tmp_path):
-    config = DiffusionConfig(device="cpu", metrics_port=-1, batch_window_ms=5, grace_s=1.0)
+    config = DiffusionConfig(device="cpu", metrics_port=-1, grace_s=1.0)
     async with (
         hosted(config, DiffusionService(config)) as diffusion,
         speech_stack(start_gateway, redis_url, str(tmp_path), diffusion_targets=(diffusion,)) as (

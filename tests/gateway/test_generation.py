@@ -26,7 +26,7 @@ LONG_RUN = {"duration_s": 0.5, "num_steps": 500}  # runs for seconds on CPU: tim
 
 @contextlib.asynccontextmanager
 async def diffusion_replica():
-    config = DiffusionConfig(device="cpu", metrics_port=-1, batch_window_ms=5, grace_s=1.0)
+    config = DiffusionConfig(device="cpu", metrics_port=-1, grace_s=1.0)
     service = DiffusionService(config)
     host = ServiceHost(config, service)
     await host.start()
@@ -65,11 +65,7 @@ async def replica():
 @pytest.fixture
 async def stack(start_gateway, redis_url, replica):
     target, stub = replica
-    async with gateway_with(start_gateway, redis_url, [target], diffusion_batch_window_ms=1) as (
-        gateway,
-        http,
-        grpc_target,
-    ):
+    async with gateway_with(start_gateway, redis_url, [target]) as (gateway, http, grpc_target):
         yield gateway, http, grpc_target, stub
 
 
@@ -251,19 +247,6 @@ async def test_requests_go_to_the_least_loaded_replica(start_gateway, redis_url,
         assert (await live_streams(stub_a), await live_streams(stub_b)) == (1, 1)
         for request_id in ids:
             await http.post(f"/v1/requests/{request_id}/cancel")
-
-
-async def test_batching_window_releases_a_full_batch_at_once(start_gateway, redis_url, replica):
-    target, _ = replica
-    window = {"diffusion_batch_window_ms": 1500, "diffusion_max_batch_size": 2}
-    async with gateway_with(start_gateway, redis_url, [target], **window) as (_, http, _):
-        started = time.monotonic()
-        pair = await asyncio.gather(*(http.post("/v1/audio/generations", json=body(seed=s)) for s in (1, 2)))
-        assert [reply.status_code for reply in pair] == [200, 200]
-        assert time.monotonic() - started < 1.5  # the window closed on size, not on time
-        started = time.monotonic()
-        alone = await http.post("/v1/audio/generations", json=body(seed=3), timeout=20)
-        assert alone.status_code == 200 and time.monotonic() - started >= 1.5
 
 
 async def test_grpc_generate_streams_id_progress_audio_and_final(stack):

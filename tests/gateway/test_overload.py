@@ -22,7 +22,7 @@ MAX_IN_FLIGHT, MAX_QUEUED = 1, 3
 
 @pytest.fixture
 async def diffusion_target():
-    config = DiffusionConfig(device="cpu", metrics_port=-1, batch_window_ms=5, grace_s=1.0)
+    config = DiffusionConfig(device="cpu", metrics_port=-1, grace_s=1.0)
     host = ServiceHost(config, DiffusionService(config))
     await host.start()
     yield f"127.0.0.1:{host.port}"
@@ -36,7 +36,7 @@ def rss_bytes() -> int:
 
 async def test_a_burst_beyond_capacity_gets_429s_and_no_5xx(start_gateway, redis_url, diffusion_target):
     limits = {"diffusion_max_in_flight": MAX_IN_FLIGHT, "max_queued": MAX_QUEUED, "queue_timeout_s": 20.0}
-    overrides = {"diffusion_targets": (diffusion_target,), "diffusion_batch_window_ms": 1} | limits
+    overrides = {"diffusion_targets": (diffusion_target,)} | limits
     async with start_gateway(redis_url, **overrides) as (gateway, http, _):
         replica = gateway.context.backends.replicas["diffusion"][0]
         for _ in range(200):

@@ -1,6 +1,6 @@
 """The diffusion engine: one worker thread steps every live sample; asyncio code only enqueues and reads.
 
-    engine = DiffusionEngine(models, max_batch_size=8, batch_window_ms=20)
+    engine = DiffusionEngine(models, max_batch_size=8)
     engine.start()
     request = validate_request(engine.limits, request_id="r1", prompt="rain", duration_s=5, seed=1)
     async for event in engine.generate(request):   # StepProgress…, AudioOutput per output, then Finished
@@ -85,7 +85,7 @@ class DiffusionEngine:
         models: StableAudioModels,
         *,
         max_batch_size: int = 8,
-        batch_window_ms: float = 20.0,
+        batch_window_ms: float = 0.0,
         max_queue_size: int = 64,
         default_num_steps: int = 100,
         default_guidance_scale: float = 7.0,

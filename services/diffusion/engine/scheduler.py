@@ -1,9 +1,10 @@
 """Admission policy: a bounded FIFO queue, a batching window, and slots counted in samples. No torch.
 
-When nothing runs, the oldest waiting request waits up to `batch_window_s` for others to join, unless the
-waiting requests already fill the batch. While a batch runs, waiting requests join it at the next step as
-soon as slots are free, whatever their step counts: every sample advances on its own schedule, so a short
-request never waits for a long one to finish.
+While a batch runs, waiting requests join it at the next step as soon as slots are free, whatever their step
+counts: every sample advances on its own schedule, so a short request never waits for a long one to finish.
+So requests arriving together end up in one batch without any window (the first starts at once, the rest join
+one step later). A `batch_window_s` above 0 only aligns them: when nothing runs, the oldest waiting request
+waits up to that long for others, unless the waiting requests already fill the batch.
 """
 
 from __future__ import annotations

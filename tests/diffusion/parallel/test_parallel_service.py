@@ -40,7 +40,7 @@ async def _serve_one(config: DiffusionConfig) -> tuple[np.ndarray, common_pb2.Fi
 
 async def test_parallel_service_serves_what_one_process_serves_and_stops_its_workers(monkeypatch):
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
-    common = {"device": "cpu", "dtype": "float32", "metrics_port": -1, "batch_window_ms": 5, "grace_s": 1.0}
+    common = {"device": "cpu", "dtype": "float32", "metrics_port": -1, "grace_s": 1.0}
     expected, _, _ = await _serve_one(DiffusionConfig(**common))
     samples, final, workers = await _serve_one(DiffusionConfig(**common, parallel="cfg+tp", parallel_degree=4))
     assert len(workers) == 3 and all(worker.returncode == 0 for worker in workers)
