@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import io
 import json
+import threading
 import time
 
 import av
@@ -15,6 +16,7 @@ import pytest
 
 from chorus.diffusion.config import DiffusionConfig
 from chorus.diffusion.service import DiffusionService
+from chorus.gateway.audio import StreamingEncoder
 from chorus.runtime.host import ServiceHost
 from chorus.v1 import common_pb2, diffusion_pb2, diffusion_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from chorus.wire import chunk_to_pcm
@@ -112,6 +114,27 @@ async def test_sync_wav_carries_the_diffusion_services_audio(stack):
     assert record["status"] == "done" and record["kind"] == "audio"
     assert record["usage"]["num_steps"] == 3 and record["usage"]["audio_s"] == pytest.approx(0.5, abs=1e-3)
     assert record["progress"] == {"step": 3, "num_steps": 3}
+
+
+@pytest.mark.parametrize("response_format", ["wav", "mp3"])
+async def test_sync_audio_is_the_services_pcm_encoded_once_off_the_event_loop(stack, monkeypatch, response_format):
+    _, http, _, stub = stack
+    encoding_threads = []
+    encode = StreamingEncoder.encode
+
+    def recording_encode(self, samples):
+        encoding_threads.append(threading.get_ident())
+        return encode(self, samples)
+
+    monkeypatch.setattr(StreamingEncoder, "encode", recording_encode)
+    reply = await http.post("/v1/audio/generations", json=body(response_format=response_format, seed=4))
+    assert reply.status_code == 200, reply.text
+    assert encoding_threads and threading.get_ident() not in encoding_threads, "encoded on the event loop"
+    direct = diffusion_pb2.GenerateRequest(prompt="rain on a tin roof", duration_s=0.5, num_steps=3, seed=4)
+    outputs = [m async for m in stub.Generate(direct)]
+    pcm = np.concatenate([chunk_to_pcm(m.audio.pcm) for m in outputs if m.HasField("audio")])
+    encoder = StreamingEncoder(response_format, SAMPLE_RATE_HZ, 2)
+    assert reply.content == encode(encoder, pcm) + encoder.flush()
 
 
 @pytest.mark.parametrize("response_format", ["mp3", "flac", "opus"])
