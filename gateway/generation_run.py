@@ -11,6 +11,11 @@ encoded and journaled like speech, so download and resume work the same way. Enc
 worker thread (PyAV and numpy release the GIL): 10 s of stereo mp3 takes ~150 ms, which on the
 event loop would stall every other request of this gateway process. Cancelling the run cancels
 the diffusion stream, which stops the service's sampling loop for this request.
+
+The run marks its stages on the request's timeline (`JournaledRun.mark`): dispatched (a replica
+acquired, its stream opened; again after a fail-over), first_step (the first progress event),
+engine_done (the Final), encoded, journaled. The service's own timings from its Final (queue_ms,
+first_output_ms, total_ms) go into the usage as `timings`.
 """
 
 from __future__ import annotations
@@ -75,18 +80,28 @@ class GenerationRun(JournaledRun):
                 failovers.record(replica, error)
             finally:
                 self.backends.release(replica)
+        self.mark("engine_done")
         TIME_TO_FIRST_AUDIO_S.labels("audio").observe(time.monotonic() - started)
         body, tail, num_samples = await asyncio.to_thread(_encode, self.response_format, pcm)
+        self.mark("encoded")
         sequence = await self._journal(0, body)
         sequence = await self._journal(sequence, tail)
+        self.mark("journaled")
         audio_s = num_samples / pcm[0].sample_rate_hz
         REAL_TIME_FACTOR.labels("audio").observe((time.monotonic() - started) / audio_s)
-        return {"audio_s": audio_s, "num_steps": final.usage.num_steps, "last_sequence": sequence - 1}
+        timings = final.usage.timings
+        return {
+            "audio_s": audio_s,
+            "num_steps": final.usage.num_steps,
+            "last_sequence": sequence - 1,
+            "timings": {name: round(getattr(timings, name), 1) for name in ("queue_ms", "first_output_ms", "total_ms")},
+        }
 
     async def _generate(self, replica, restarts: int) -> tuple[common_pb2.Final, list[common_pb2.PcmChunk]]:
         """The replica's Final and audio; raises ReplicaFailed when another replica should start it again."""
         metadata = ((REQUEST_ID_HEADER, self.request_id),)
         call = replica.stub.Generate(self.request, metadata=metadata)
+        self.mark("dispatched")
         if restarts:
             await self.requests.set_progress(self.request_id, 0, self.request.num_steps, restarts)
         pcm: list[common_pb2.PcmChunk] = []
@@ -96,6 +111,8 @@ class GenerationRun(JournaledRun):
                 kind = output.WhichOneof("output")
                 if kind == "progress":
                     step, num_steps = output.progress.step, output.progress.num_steps
+                    if step == 1:
+                        self.mark("first_step")
                     await self.requests.set_progress(self.request_id, step, num_steps, restarts)
                 elif kind == "audio":
                     pcm.append(output.audio.pcm)

@@ -10,6 +10,9 @@ A run belongs to one gateway process at a time (`runner`: the record field that 
 A run taken over from another process (`resume`) produces its output again from the start and
 journals only the bytes past what the journal already holds, so readers get one continuous stream;
 a run handed over (`hand_over`) or lost to another process (`RunLost`) stops without writing an end.
+
+A subclass may `mark` the stages of its production; they are stored on the record with its end
+(`RequestRecord.timeline_ms` puts them between admission, start and end), one write for them all.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from chorus.gateway.live_output import LiveOutput
 from chorus.gateway.output_lead import OutputLead
@@ -53,6 +57,12 @@ class JournaledRun:
         self.entry_id: str | None = None  # its entry in the run queue, once queued
         self._bytes_to_skip = resume.num_bytes if resume else 0
         self._is_handed_over = False
+        self.timeline: dict[str, float] = {}  # stage → wall-clock time (time.time(), as the record's stamps)
+
+    def mark(self, stage: str) -> None:
+        """Notes that the run reached `stage` now (again: the later time counts, e.g. after a fail-over)."""
+        self.timeline.pop(stage, None)  # keeps the stages in the order they were last reached
+        self.timeline[stage] = time.time()
 
     async def _produce(self) -> dict:
         """Journals the output; returns the usage (with `last_sequence`). Raises ChorusError on failure."""
@@ -130,6 +140,8 @@ class JournaledRun:
 
     async def _end(self, status: str, error: dict | None, usage: dict | None) -> str:
         fields = {"error": error} if error else {}
+        if self.timeline:
+            fields["timeline"] = self.timeline
         if usage:
             fields |= {"usage": usage, "last_sequence": usage["last_sequence"]}
         try:

@@ -57,6 +57,7 @@ def _view(record: RequestRecord) -> RequestView:
         error=record.error,
         last_sequence=record.last_sequence,
         progress=record.progress,
+        timeline=record.timeline_ms(),
     )
 
 

@@ -204,3 +204,10 @@ class RequestView(BaseModel):
     error: dict | None
     last_sequence: int | None
     progress: dict | None = Field(None, description="Text-to-audio: {step, num_steps} of the diffusion run.")
+    timeline: dict | None = Field(
+        None,
+        description="Text-to-audio: milliseconds from admission to each stage of the run, in order: admitted_ms (0), "
+        "started_ms, dispatched_ms (stream to a diffusion replica opened), first_step_ms (its first progress), "
+        "engine_done_ms (its Final), encoded_ms, journaled_ms, finished_ms. The service's own timings are in "
+        "usage.timings (queue_ms, first_output_ms, total_ms).",
+    )

@@ -82,6 +82,7 @@ class RequestRecord:
     is_cancel_requested: bool = False
     response_format: str = ""
     progress: dict | None = None  # {"step", "num_steps"} of a text-to-audio run
+    timeline: dict | None = None  # stage → wall-clock time, of runs that mark their stages (text-to-audio)
 
     @classmethod
     def from_hash(cls, fields: dict[bytes, bytes]) -> RequestRecord:
@@ -106,7 +107,19 @@ class RequestRecord:
             is_cancel_requested=text.get("is_cancel_requested") == "1",
             response_format=text.get("response_format", ""),
             progress=json.loads(text["progress"]) if "progress" in text else None,
+            timeline=json.loads(text["timeline"]) if "timeline" in text else None,
         )
+
+    def timeline_ms(self) -> dict[str, float] | None:
+        """Milliseconds from admission to each stage the run marked, in order, between `started` and `finished`
+        (None for runs that mark none). Stamps are wall-clock: a run taken over by a process on another host
+        adds that host's clock offset to its stages."""
+        if self.timeline is None:
+            return None
+        stamps = {"admitted": self.created_at_s, "started": self.started_at_s, **self.timeline}
+        stamps["finished"] = self.finished_at_s
+        since_admission = {stage: at_s - self.created_at_s for stage, at_s in stamps.items() if at_s is not None}
+        return {f"{stage}_ms": round(elapsed_s * 1000, 1) for stage, elapsed_s in since_admission.items()}
 
 
 class RunLost(ChorusError):

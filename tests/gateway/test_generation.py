@@ -116,6 +116,23 @@ async def test_sync_wav_carries_the_diffusion_services_audio(stack):
     assert record["progress"] == {"step": 3, "num_steps": 3}
 
 
+TIMELINE = ["admitted", "started", "dispatched", "first_step", "engine_done", "encoded", "journaled", "finished"]
+
+
+async def test_a_finished_request_has_its_timeline_in_order(stack):
+    _, http, _, _ = stack
+    reply = await http.post("/v1/audio/generations", json=body(response_format="mp3", seed=3))
+    assert reply.status_code == 200, reply.text
+    record = (await http.get(f"/v1/requests/{reply.headers['x-request-id']}")).json()
+    timeline = record["timeline"]
+    assert list(timeline) == [f"{stage}_ms" for stage in TIMELINE] and timeline["admitted_ms"] == 0
+    assert list(timeline.values()) == sorted(timeline.values())
+    service = record["usage"]["timings"]
+    assert 0 <= service["queue_ms"] <= service["first_output_ms"] <= service["total_ms"]
+    # The service's run lies within the gateway's: stream opened before it began, Final received after it ended.
+    assert timeline["engine_done_ms"] - timeline["dispatched_ms"] >= service["total_ms"] - 1
+
+
 @pytest.mark.parametrize("response_format", ["wav", "mp3"])
 async def test_sync_audio_is_the_services_pcm_encoded_once_off_the_event_loop(stack, monkeypatch, response_format):
     _, http, _, stub = stack
