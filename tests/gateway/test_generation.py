@@ -206,8 +206,13 @@ async def test_cancel_stops_the_diffusion_run(stack):
     # Generous for a loaded 2-core CI box (it once took over 2 s there); a run that was not stopped still fails
     # below, as it could not be `cancelled` short of its last step.
     await wait_for(is_idle, timeout_s=5.0)
+
+    async def has_ended() -> bool:  # the service may stop the run before the gateway records its end
+        return (await http.get(f"/v1/requests/{request_id}")).json()["status"] != "running"
+
+    await wait_for(has_ended)
     record = (await http.get(f"/v1/requests/{request_id}")).json()
-    assert record["status"] == "cancelled" and record["progress"]["step"] < LONG_RUN["num_steps"]
+    assert record["status"] == "cancelled" and record["progress"]["step"] < LONG_RUN["num_steps"], record
 
 
 async def test_client_disconnect_cancels_the_sync_run(stack):
