@@ -67,10 +67,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     audio.add_argument("--guidance-scale", type=float, default=7.0)
     audio.add_argument("--duration-s", type=float, default=10.0)
     audio.add_argument("--model", default="stable-audio-open-1.0")
-    audio.set_defaults(handler=lambda args: _main(args, "diffusion", diffusion.run, diffusion.check_targets))
+    audio.add_argument("--format", choices=sorted(FORMATS), default="wav", help="Response format of every request.")
+    audio.set_defaults(
+        handler=lambda args: _main(args, "diffusion", diffusion.run, diffusion.check_targets, diffusion.stage_stacks)
+    )
 
 
-def _main(args: argparse.Namespace, kind: str, run, check_targets) -> int:
+def _main(args: argparse.Namespace, kind: str, run, check_targets, stacks=None) -> int:
     bad_prompts = [name for name in getattr(args, "prompts", []) if name not in SPEECH]
     if bad_prompts:
         print(f"chorus bench: unknown prompts {bad_prompts}; choose from {list(SPEECH)}", file=sys.stderr)
@@ -85,7 +88,7 @@ def _main(args: argparse.Namespace, kind: str, run, check_targets) -> int:
         return 1
     settings = {key: value for key, value in vars(args).items() if key not in ("handler", "api_key", "out")}
     targets = check_targets(levels)
-    path = write(args.out, kind, settings, levels, targets, args.label)
+    path = write(args.out, kind, settings, levels, targets, args.label, stacks(levels) if stacks else None)
     for target in targets:
         print(("met    " if target["met"] else "missed ") + json.dumps(target))
     print(f"wrote {path} and .png")

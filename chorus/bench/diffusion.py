@@ -1,9 +1,19 @@
 """`chorus bench diffusion`: text-to-audio through the gateway's synchronous REST endpoint at concurrency 1, 4
-and 8 (each level sends exactly `concurrency` requests at once, as in issue 8's "8 concurrent all done")."""
+and 8 (each level sends exactly `concurrency` requests at once, as in issue 8's "8 concurrent all done").
+
+Where the time goes: once a level is done, each request's record (`GET /v1/requests/{id}`, the id from the
+reply's X-Request-Id) gives its timeline, ms from admission to each stage the gateway marked, and the
+diffusion service's own timings. Every request in the JSON carries its timeline, its stages (`stages_ms`: time
+from the previous mark to each one; `client` is the rest of the client's latency, before admission and after
+the record's end) and its gateway overhead: client latency minus the service's `total_ms`. Each level has the
+medians of these (`stages_ms_p50` in timeline order, which the `-stages.png` plot stacks bottom-up).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import statistics
 import time
 
 import httpx
@@ -11,14 +21,65 @@ import httpx
 from chorus.bench.prompts import AUDIO
 
 
-async def one(client: httpx.AsyncClient, body: dict) -> tuple[float, str | None]:
+async def one(client: httpx.AsyncClient, body: dict) -> tuple[float, str | None, str | None]:
+    """(latency s, error or None, request id or None)."""
     started = time.perf_counter()
     try:
         reply = await client.post("/v1/audio/generations", json=body)
         error = None if reply.status_code == 200 else f"HTTP {reply.status_code}"
     except httpx.HTTPError as exc:
-        error = type(exc).__name__
-    return time.perf_counter() - started, error
+        return time.perf_counter() - started, type(exc).__name__, None
+    return time.perf_counter() - started, error, reply.headers.get("x-request-id")
+
+
+def request_breakdown(latency_s: float, record: dict) -> dict:
+    """One finished request: client latency, the gateway's timeline, its stages, the service's timings and the
+    gateway's overhead (everything but the service's own total)."""
+    timeline = record.get("timeline") or {}
+    service = (record.get("usage") or {}).get("timings") or {}
+    latency_ms = latency_s * 1000
+    pairs = itertools.pairwise(timeline.items())
+    stages = {name.removesuffix("_ms"): at_ms - before_ms for (_, before_ms), (name, at_ms) in pairs}
+    if timeline:
+        stages["client"] = latency_ms - list(timeline.values())[-1]
+    breakdown = {
+        "latency_ms": round(latency_ms, 1),
+        "timeline": timeline,
+        "stages_ms": {name: round(ms, 1) for name, ms in stages.items()},
+        "service": service,
+    }
+    if service.get("total_ms"):
+        overhead_ms = latency_ms - service["total_ms"]
+        breakdown |= {
+            "gateway_overhead_ms": round(overhead_ms, 1),
+            "gateway_overhead_pct": round(100 * overhead_ms / service["total_ms"], 2),
+        }
+    return breakdown
+
+
+def level_breakdown(requests: list[dict]) -> dict:
+    """Medians over a level's requests of each stage and service timing, and its gateway overhead."""
+
+    def median(values: list[float]) -> float | None:
+        return round(statistics.median(values), 2) if values else None
+
+    def medians(key: str) -> dict:
+        names = list(dict.fromkeys(name for request in requests for name in request[key]))
+        return {name: median([r[key][name] for r in requests if name in r[key]]) for name in names}
+
+    overheads = [r for r in requests if "gateway_overhead_ms" in r]
+    return {
+        "stages_ms_p50": medians("stages_ms"),
+        "service_ms_p50": medians("service"),
+        "gateway_overhead_ms": {
+            "p50": median([r["gateway_overhead_ms"] for r in overheads]),
+            "max": max((r["gateway_overhead_ms"] for r in overheads), default=None),
+        },
+        "gateway_overhead_pct": {
+            "p50": median([r["gateway_overhead_pct"] for r in overheads]),
+            "max": max((r["gateway_overhead_pct"] for r in overheads), default=None),
+        },
+    }
 
 
 async def run(args, progress) -> list[dict]:
@@ -29,7 +90,8 @@ async def run(args, progress) -> list[dict]:
             counter = progress.level(f"diffusion c={concurrency}", concurrency)
             bodies = [
                 {"model": args.model, "prompt": AUDIO[i % len(AUDIO)], "duration_s": args.duration_s,
-                 "num_steps": args.steps, "guidance_scale": args.guidance_scale, "seed": i, "response_format": "wav"}
+                 "num_steps": args.steps, "guidance_scale": args.guidance_scale, "seed": i,
+                 "response_format": args.format}
                 for i in range(concurrency)
             ]  # fmt: skip
             started = time.perf_counter()
@@ -41,19 +103,27 @@ async def run(args, progress) -> list[dict]:
 
             results = await asyncio.gather(*(timed(body) for body in bodies))
             wall_s = time.perf_counter() - started
-            latencies = sorted(latency for latency, error in results if error is None)
+            latencies = sorted(latency for latency, error, _ in results if error is None)
             errors: dict[str, int] = {}
-            for _, error in results:
+            for _, error, _ in results:
                 if error is not None:
                     errors[error] = errors.get(error, 0) + 1
+            # Read once the level is over, so the reads do not add to what is measured.
+            requests = [
+                request_breakdown(latency, (await http.get(f"/v1/requests/{request_id}")).json())
+                for latency, error, request_id in results
+                if error is None and request_id is not None
+            ]
             levels.append({
                 "concurrency": concurrency, "completed": len(latencies), "errors": errors,
                 "all_done_s": round(wall_s, 3),
                 "latency_s": {"min": round(latencies[0], 3), "max": round(latencies[-1], 3)} if latencies else None,
                 "requests_per_s": round(len(latencies) / wall_s, 3),
                 "audio_s_per_s": round(len(latencies) * args.duration_s / wall_s, 2),
+                **level_breakdown(requests),
+                "requests": requests,
             })  # fmt: skip
-            progress.done(levels[-1])
+            progress.done({key: value for key, value in levels[-1].items() if key != "requests"})
     return levels
 
 
@@ -63,3 +133,8 @@ def check_targets(levels: list[dict]) -> list[dict]:
          "met": level["completed"] == 8 and level["all_done_s"] <= 9.0}
         for level in levels if level["concurrency"] == 8
     ]  # fmt: skip
+
+
+def stage_stacks(levels: list[dict]) -> list[list[float]]:
+    """Per level, its median stages in timeline order (for the stacked plot)."""
+    return [[ms or 0.0 for ms in level["stages_ms_p50"].values()] for level in levels]

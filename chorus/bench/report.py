@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from chorus.bench_png import write_grouped_bars
+from chorus.bench_png import write_grouped_bars, write_stacked_bars
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,8 +47,17 @@ def commit() -> str:
     return completed.stdout.strip() or "unknown"
 
 
-def write(out: Path, kind: str, settings: dict, levels: list[dict], targets: list[dict], label: str) -> Path:
-    """`out/e2e-<kind>-<stamp>.json` and `.png` (audio-s/s per level, beside its bound where a target has one)."""
+def write(
+    out: Path,
+    kind: str,
+    settings: dict,
+    levels: list[dict],
+    targets: list[dict],
+    label: str,
+    stacks: list[list[float]] | None = None,
+) -> Path:
+    """`out/e2e-<kind>-<stamp>.json` and `.png` (audio-s/s per level, beside its bound where a target has one);
+    with `stacks`, `-stages.png` too (a bar per level, its parts stacked bottom-up)."""
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     report = {
@@ -66,4 +75,6 @@ def write(out: Path, kind: str, settings: dict, levels: list[dict], targets: lis
     write_grouped_bars(
         path.with_suffix(".png"), [(lv["audio_s_per_s"], bounds.get(lv["concurrency"], 0.0)) for lv in levels]
     )
+    if stacks:
+        write_stacked_bars(path.with_name(f"{path.stem}-stages.png"), stacks)
     return path

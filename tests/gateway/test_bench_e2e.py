@@ -13,6 +13,7 @@ from speech_stack import hosted, speech_stack
 
 from chorus.bench import diffusion, tts
 from chorus.bench.cli import register
+from chorus.bench.diffusion import stage_stacks
 from chorus.bench.metrics import count_underruns, percentile
 from chorus.bench.report import write
 from chorus.diffusion.config import DiffusionConfig
@@ -102,13 +103,30 @@ async def test_bench_diffusion_runs_concurrent_requests(start_gateway, redis_url
             await asyncio.sleep(0.05)
         args = _args([
             "bench", "diffusion", "--url", str(http.base_url), "--concurrency", "1,2", "--steps", "3",
-            "--duration-s", "0.5",
+            "--duration-s", "0.5", "--format", "mp3",
         ])  # fmt: skip
         levels = await diffusion.run(args, _Quiet())
     assert [level["concurrency"] for level in levels] == [1, 2]
+    stages = ["started", "dispatched", "first_step", "engine_done", "encoded", "journaled", "finished", "client"]
     for level in levels:
         assert level["completed"] == level["concurrency"] and not level["errors"]
         assert level["latency_s"]["max"] <= level["all_done_s"]
+        assert len(level["requests"]) == level["concurrency"]
+        for request in level["requests"]:
+            assert list(request["stages_ms"]) == stages and min(request["stages_ms"].values()) >= 0
+            # The stages add up to the client's latency; the service's total lies within it.
+            assert sum(request["stages_ms"].values()) == pytest.approx(request["latency_ms"], abs=1)
+            assert 0 < request["service"]["total_ms"] < request["latency_ms"]
+            overhead_ms = request["latency_ms"] - request["service"]["total_ms"]
+            assert request["gateway_overhead_ms"] == pytest.approx(overhead_ms, abs=0.1)
+        assert list(level["stages_ms_p50"]) == stages
+        assert set(level["service_ms_p50"]) == {"queue_ms", "first_output_ms", "total_ms"}
+        assert level["gateway_overhead_ms"]["p50"] <= level["gateway_overhead_ms"]["max"]
+        assert 0 < level["gateway_overhead_pct"]["p50"] <= level["gateway_overhead_pct"]["max"]
+    path = write(tmp_path, "diffusion", {}, levels, diffusion.check_targets(levels), "cpu test", stage_stacks(levels))
+    assert json.loads(path.read_text())["levels"] == levels
+    for png in (path.with_suffix(".png"), path.with_name(f"{path.stem}-stages.png")):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_an_unreachable_gateway_is_one_line_and_exit_1(tmp_path, capsys):
