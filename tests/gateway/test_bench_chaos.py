@@ -9,7 +9,8 @@ import sys
 import aiohttp
 from aiohttp import web
 
-from chorus.bench.chaos import Chaos, failover_gaps, listening_pids
+from chorus.bench.chaos import Chaos, failover_gaps
+from chorus.bench.local_processes import listeners
 from chorus.bench.metrics import RequestTiming
 from chorus.runtime.processes import free_port
 
@@ -43,7 +44,7 @@ async def test_a_kill_reaches_the_process_serving_a_healthy_replica_with_a_healt
     await site.start()
     try:
         for _ in range(50):  # the listeners are up
-            if len(listening_pids({*ports, lone})) == 3:
+            if {listener.port for listener in listeners()} >= {*ports, lone}:
                 break
             await asyncio.sleep(0.1)
         url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
