@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 
 import aiohttp
 import pytest
 from aiohttp import web
 
 from chorus.bench.breakdown import Processes, Snapshot, StepBreakdown, breakdown, parse_metrics
-from chorus.bench.local_processes import cpu_s, listeners
+from chorus.bench.local_processes import cpu_s, listeners, pids_on
 
 PAGE = """\
 # HELP chorus_talker_steps_total Decode steps.
@@ -113,6 +115,28 @@ def test_a_process_is_found_by_the_port_it_listens_on_and_its_cpu_time_read():
         mine = {(listener.port, listener.host) for listener in listeners() if listener.pid == os.getpid()}
         assert {(ipv4.getsockname()[1], "127.0.0.1"), (ipv6.getsockname()[1], "::1")} <= mine
     assert cpu_s(os.getpid()) > 0
+
+
+def test_every_process_sharing_a_port_is_found():
+    """Gateway workers share the REST port (SO_REUSEPORT): each of them is a gateway process."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        worker = subprocess.Popen([sys.executable, "-c", _SHARE, str(port)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert worker.stdout.readline() == "listening\n"
+            assert pids_on(port, listeners()) == {os.getpid(), worker.pid}
+        finally:
+            worker.kill()
+            worker.wait()
+
+
+_SHARE = (
+    "import socket, sys, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1); "
+    "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print('listening', flush=True); time.sleep(60)"
+)
 
 
 @pytest.mark.parametrize(
