@@ -10,7 +10,7 @@ import sys
 
 import aiohttp
 import pytest
-from aiohttp import web
+from ready_stub import serving_ready
 
 from chorus.bench.breakdown import Processes, Snapshot, StepBreakdown, breakdown, parse_metrics
 from chorus.bench.local_processes import cpu_s, listeners, pids_on
@@ -147,21 +147,11 @@ _SHARE = (
     ],
 )
 async def test_a_stack_elsewhere_gets_a_note_instead_of_a_breakdown(rest_url, targets, why):
-    async def ready(_):
-        return web.json_response({"backends": {"talker": dict.fromkeys(targets, True), "vocoder": {}}})
-
-    app = web.Application()
-    app.router.add_get("/ready", ready)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-    try:
-        async with aiohttp.ClientSession(url) as http:
-            steps = StepBreakdown(http, rest_url or url, "127.0.0.1:1")
-            await steps.start()
-            assert await steps.finish() == {"skipped": why}
-            await steps.close()
-    finally:
-        await runner.cleanup()
+    async with (
+        serving_ready({"talker": dict.fromkeys(targets, True), "vocoder": {}}) as url,
+        aiohttp.ClientSession(url) as http,
+    ):
+        steps = StepBreakdown(http, rest_url or url, "127.0.0.1:1")
+        await steps.start()
+        assert await steps.finish() == {"skipped": why}
+        await steps.close()
