@@ -15,36 +15,13 @@ import os
 import random
 import signal
 import time
-from pathlib import Path
 
 import aiohttp
 
+from chorus.bench.local_processes import listeners, pids_on
 from chorus.bench.metrics import RequestTiming, percentile
 
 SPEECH_BACKENDS = ("talker", "vocoder")
-
-
-def listening_pids(ports: set[int]) -> dict[int, int]:
-    """{port: pid} of the local processes listening on TCP `ports` (from /proc: Linux only)."""
-    inodes: dict[int, int] = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for row in Path(table).read_text().splitlines()[1:]:
-            fields = row.split()
-            port = int(fields[1].rsplit(":", 1)[1], 16)
-            if fields[3] == "0A" and port in ports:  # 0A: LISTEN
-                inodes[int(fields[9])] = port
-    pids: dict[int, int] = {}
-    for process in Path("/proc").iterdir():
-        if not process.name.isdigit():
-            continue
-        try:
-            for fd in (process / "fd").iterdir():
-                link = os.readlink(fd)
-                if link.startswith("socket:[") and int(link[8:-1]) in inodes:
-                    pids[inodes[int(link[8:-1])]] = int(process.name)
-        except (FileNotFoundError, PermissionError, ProcessLookupError):
-            continue
-    return pids
 
 
 @dataclasses.dataclass
@@ -79,10 +56,10 @@ class Chaos:
         if not candidates:
             return None
         backend, target = self.rng.choice(candidates)
-        pid = listening_pids({int(target.rsplit(":", 1)[1])}).get(int(target.rsplit(":", 1)[1]))
-        if pid is None:
+        pids = pids_on(int(target.rsplit(":", 1)[1]), listeners())
+        if not pids:
             return None  # not on this machine
-        os.kill(pid, signal.SIGKILL)
+        os.kill(min(pids), signal.SIGKILL)
         kill = Kill(time.perf_counter(), backend, target)
         self.kills.append(kill)
         return kill

@@ -58,6 +58,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="Kill (SIGKILL) a talker or vocoder replica on this machine every SECONDS, only while another replica "
         "of it is healthy; each level then reports the kills and how long its streams went without audio after one.",
     )
+    speech.add_argument(
+        "--no-breakdown", action="store_true",
+        help="Leave out each level's step-time breakdown (talker, vocoder, CPU of the local stack's processes).",
+    )  # fmt: skip
     speech.set_defaults(handler=lambda args: _main(args, "tts", tts.run, tts.check_targets))
 
     audio = kinds.add_parser("diffusion", help="Text-to-audio: latency and throughput at concurrency 1, 4, 8.")

@@ -1,6 +1,7 @@
 """`chorus bench tts`: streaming speech through a running gateway (REST chunked PCM and/or gRPC `Speak`) at a
 sweep of concurrency levels; each level keeps exactly `concurrency` requests in flight until its request count
-is done. With `--chaos N` a talker or vocoder replica is killed every N seconds meanwhile (`chaos`).
+is done, and says where the stack's time went meanwhile when its processes are on this machine (`breakdown`; off
+with `--no-breakdown`). With `--chaos N` a talker or vocoder replica is killed every N seconds meanwhile (`chaos`).
 
 `--format` picks the response format (pcm by default). PCM bytes are audio seconds as they arrive; an encoded
 response's seconds are known once it is complete (its packets' durations, read without decoding), and each piece
@@ -19,6 +20,7 @@ import aiohttp
 import av
 import grpc
 
+from chorus.bench.breakdown import StepBreakdown
 from chorus.bench.chaos import Chaos
 from chorus.bench.metrics import RequestTiming, summarize
 from chorus.bench.prompts import SPEECH
@@ -154,6 +156,9 @@ async def run(args, progress) -> list[dict]:
             model = args.model
         texts = [SPEECH[name] for name in args.prompts]
         chaos = Chaos(http, args.chaos) if args.chaos else None
+        steps = None if args.no_breakdown else StepBreakdown(http, args.url, args.grpc_target)
+        if steps is not None:
+            open_channels.push_async_callback(steps.close)
         killing = asyncio.create_task(chaos.run()) if chaos is not None else None
         transports = ("rest", "grpc") if args.transport == "both" else (args.transport,)
         for transport, concurrency in itertools.product(transports, args.concurrency):
@@ -166,7 +171,11 @@ async def run(args, progress) -> list[dict]:
                 return grpc_request(stubs[index % concurrency], body, metadata)
 
             counter = progress.level(f"{transport} c={concurrency}", num_requests)
+            if steps is not None:
+                await steps.start()
             summary = await run_level(send, concurrency, num_requests, counter, chaos)
+            if steps is not None:
+                summary["breakdown"] = await steps.finish()
             levels.append({"transport": transport, "concurrency": concurrency} | summary)
             progress.done(levels[-1])
         if killing is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -143,7 +144,7 @@ def test_a_killed_chorus_up_leaves_no_orphans(stack):
     assert not [pid for pid in children if is_alive(pid)], "orphans left behind"
 
 
-def test_chorus_up_with_speech_in_one_process():
+def test_chorus_up_with_speech_in_one_process(tmp_path):
     process, endpoints = start_stack("--speech-in-one-process")
     try:
         assert endpoints["talker"] == endpoints["vocoder"], "one process serves both"
@@ -152,6 +153,19 @@ def test_chorus_up_with_speech_in_one_process():
         speech = {"model": "tiny", "input": "Hello.", "voice": "ryan", "response_format": "pcm", "max_frames": 20}
         reply = httpx.post(endpoints["rest"] + "/v1/audio/speech", json=speech, timeout=60)
         assert reply.status_code == 200 and len(reply.content) > 0, reply.text
+
+        # The bench finds the speech process (and its /metrics port) and the gateway's among these processes.
+        bench = [sys.executable, "-m", "chorus.cli", "bench", "tts", "--url", endpoints["rest"], "--grpc-target"]
+        bench += [endpoints["gateway"], "--transport", "grpc", "--concurrency", "2", "--requests-per-level", "2"]
+        bench += ["--fixed-frames", "8", "--prompts", "short", "--out", str(tmp_path)]
+        subprocess.run(bench, check=True, capture_output=True, timeout=120)
+        (report,) = tmp_path.glob("e2e-tts-*.json")
+        (level,) = json.loads(report.read_text())["levels"]
+        steps = level["breakdown"]
+        assert steps["speech_processes"] == steps["gateway_processes"] == 1 and "note" not in steps, steps
+        assert steps["talker_steps"] >= 8 and steps["talker_mean_batch_size"] >= 1 and steps["talker_prefills"] == 2
+        assert steps["vocoder_chunks"] > 0 and steps["vocoder_audio_s"] == pytest.approx(level["audio_s"])
+        assert steps["speech_cpu_ms_per_talker_step"] > 0 and steps["gateway_cpu_ms_per_chunk"] > 0
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
         assert "stopped (speech 0, diffusion 0, gateway 0)" in process.stdout.read()

@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 import aiohttp
-from aiohttp import web
+from ready_stub import serving_ready
 
-from chorus.bench.chaos import Chaos, failover_gaps, listening_pids
+from chorus.bench.chaos import Chaos, failover_gaps
+from chorus.bench.local_processes import listeners
 from chorus.bench.metrics import RequestTiming
 from chorus.runtime.processes import free_port
 
@@ -32,29 +33,18 @@ async def test_a_kill_reaches_the_process_serving_a_healthy_replica_with_a_healt
     lone_replica = subprocess.Popen([sys.executable, "-c", _LISTEN, str(lone)])
     backends = {"talker": {f"127.0.0.1:{port}": True for port in ports}, "vocoder": {f"127.0.0.1:{lone}": True}}
 
-    async def ready(_):
-        return web.json_response({"ready": True, "backends": backends})
-
-    app = web.Application()
-    app.router.add_get("/ready", ready)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
     try:
         for _ in range(50):  # the listeners are up
-            if len(listening_pids({*ports, lone})) == 3:
+            if {listener.port for listener in listeners()} >= {*ports, lone}:
                 break
             await asyncio.sleep(0.1)
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        async with aiohttp.ClientSession(url) as session:
+        async with serving_ready(backends) as url, aiohttp.ClientSession(url) as session:
             kill = await Chaos(session, interval_s=1.0).kill_one()
         assert kill is not None and kill.backend == "talker"
         killed = replicas[ports.index(int(kill.target.rsplit(":", 1)[1]))]
         assert killed.wait(5) == -9
         assert all(p.poll() is None for p in (*replicas, lone_replica) if p is not killed)
     finally:
-        await runner.cleanup()
         for process in (*replicas, lone_replica):
             process.kill()
             process.wait()

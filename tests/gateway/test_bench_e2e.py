@@ -69,6 +69,14 @@ async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, r
         assert level["audio_s"] == pytest.approx(3 * 9 * FRAME_S), "fixed frames: audio counted from bytes"
         assert 0 < level["ttfp_ms"]["p50"] <= level["latency_ms"]["p50"]
         assert level["rtf"]["p50"] == pytest.approx(level["latency_ms"]["p50"] / 1000 / (9 * FRAME_S), rel=0.5)
+        steps = level["breakdown"]  # the whole stack is this process, its REST port serving every /metrics
+        assert "skipped" not in steps, steps
+        assert steps["talker_processes"] == steps["vocoder_processes"] == steps["gateway_processes"] == 1, steps
+        assert steps["talker_steps"] >= 9 and 1 <= steps["talker_mean_batch_size"] <= 2
+        assert steps["talker_prefills"] == 3 and steps["talker_prefill_ms_per_request"] > 0
+        assert steps["vocoder_audio_s"] == pytest.approx(level["audio_s"]) and steps["vocoder_mean_batch_size"] >= 1
+        assert steps["talker_plus_vocoder_busy_fraction"] > 0 and steps["speech_cpu_ms_per_talker_step"] > 0
+        assert steps["gateway_cpu_ms_per_chunk"] > 0 and steps["gateway_cpu_ms_per_audio_s"] > 0
     path = write(tmp_path, "tts", {"concurrency": [1, 2]}, levels, tts.check_targets(levels), "cpu test")
     report = json.loads(path.read_text())
     assert report["levels"] == levels and report["targets"][0]["metric"] == "ttfp_ms.p50"

@@ -1,0 +1,223 @@
+"""Where a bench level's time went, per level of `chorus bench tts`: talker decode steps and prefills, vocoder
+decodes, how busy each kept its process, and the host CPU of the speech process(es) and the gateway.
+
+The figures are deltas between two snapshots, one just before the level and one just after it: the speech
+services' Prometheus counters (talker steps, step and prefill seconds, frames, prefills; the vocoder's decode
+seconds and batch-size histograms, audio seconds) and each process's CPU time from /proc. So the bench must
+run on the stack's machine; otherwise (a remote gateway or backend) the level says why it has none.
+
+`talker_plus_vocoder_busy_fraction` is the sum of the talker's busy fractions (steps and prefills) and the
+vocoder's. When the two share a GPU it bounds their overlap, it does not measure it: near 1 they may simply
+take turns, over 1 they must have run at the same time for at least the excess.
+
+The processes are found from the gateway's `/ready`: its talker and vocoder targets' ports lead to the
+processes listening on them (one process when the speech services share one), the REST port to the gateway's
+(every worker: they share the port). A service's /metrics is on another port of its process; the first of its
+other ports that answers with talker or vocoder metrics is the one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from urllib.parse import urlsplit
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from chorus.bench.chaos import SPEECH_BACKENDS
+from chorus.bench.local_processes import Listener, cpu_s, is_local, listeners, pids_on
+
+SPEECH_METRICS = ("chorus_talker_", "chorus_vocoder_")
+COUNTERS = ("_total", "_sum", "_count")  # samples that only grow (counters, histograms), unlike gauges
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """A /metrics page as {sample name: value}, summed over label sets; histogram buckets left out."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.endswith(("_bucket", "_created")):
+                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class Processes:
+    talker_pids: frozenset[int]
+    vocoder_pids: frozenset[int]
+    gateway_pids: frozenset[int]
+
+    @property
+    def speech_pids(self) -> frozenset[int]:
+        return self.talker_pids | self.vocoder_pids
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    at_s: float  # time.perf_counter()
+    metrics: dict[str, float]  # the speech services' counters, summed over their processes
+    speech_cpu_s: float
+    gateway_cpu_s: float
+
+
+def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
+    """The level's figures from the snapshots around it. Busy fractions are per process (a replica's seconds
+    busy over the wall seconds); a ratio with nothing to divide by is None."""
+    wall_s = after.at_s - before.at_s
+    delta = {name: after.metrics.get(name, 0.0) - before.metrics.get(name, 0.0) for name in after.metrics}
+    steps = delta.get("chorus_talker_steps_total", 0.0)
+    step_s = delta.get("chorus_talker_step_seconds_total", 0.0)
+    prefills = delta.get("chorus_talker_prefills_total", 0.0)
+    prefill_s = delta.get("chorus_talker_prefill_seconds_total", 0.0)
+    batches = delta.get("chorus_vocoder_decode_seconds_count", 0.0)
+    decode_s = delta.get("chorus_vocoder_decode_seconds_sum", 0.0)
+    chunks = delta.get("chorus_vocoder_batch_size_sum", 0.0)  # one per stream in each batch
+    audio_s = delta.get("chorus_vocoder_audio_seconds_total", 0.0)
+    speech_cpu_s = after.speech_cpu_s - before.speech_cpu_s
+    gateway_cpu_s = after.gateway_cpu_s - before.gateway_cpu_s
+    talker_wall_s = wall_s * len(processes.talker_pids)
+    vocoder_wall_s = wall_s * len(processes.vocoder_pids)
+    busy = (_ratio(step_s, talker_wall_s), _ratio(prefill_s, talker_wall_s), _ratio(decode_s, vocoder_wall_s))
+    figures = {
+        "wall_s": round(wall_s, 3),
+        "talker_processes": len(processes.talker_pids),
+        "vocoder_processes": len(processes.vocoder_pids),
+        "speech_processes": len(processes.speech_pids),
+        "gateway_processes": len(processes.gateway_pids),
+        "talker_steps": round(steps),
+        "talker_step_ms": _ratio(step_s * 1e3, steps),
+        "talker_mean_batch_size": _ratio(delta.get("chorus_talker_frames_total", 0.0), steps),
+        "talker_step_busy_fraction": busy[0],
+        "talker_prefills": round(prefills),
+        "talker_prefill_ms_per_request": _ratio(prefill_s * 1e3, prefills),
+        "talker_prefill_busy_fraction": busy[1],
+        "vocoder_batches": round(batches),
+        "vocoder_decode_ms_per_batch": _ratio(decode_s * 1e3, batches),
+        "vocoder_mean_batch_size": _ratio(chunks, batches),
+        "vocoder_busy_fraction": busy[2],
+        "vocoder_chunks": round(chunks),
+        "vocoder_audio_s": round(audio_s, 3),
+        "talker_plus_vocoder_busy_fraction": None if None in busy else round(sum(busy), 3),
+        "speech_cpu_s_per_s": _ratio(speech_cpu_s, wall_s),
+        "speech_cpu_ms_per_talker_step": _ratio(speech_cpu_s * 1e3, steps),
+        "gateway_cpu_s_per_s": _ratio(gateway_cpu_s, wall_s),
+        "gateway_cpu_ms_per_chunk": _ratio(gateway_cpu_s * 1e3, chunks),
+        "gateway_cpu_ms_per_audio_s": _ratio(gateway_cpu_s * 1e3, audio_s),
+    }
+    if processes.gateway_pids & processes.speech_pids:
+        figures["note"] = "the gateway and the speech services share a process: their CPU figures overlap"
+    return figures
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return round(numerator / denominator, 3) if denominator > 0 else None
+
+
+class Skipped(Exception):
+    """Why a level has no breakdown."""
+
+
+class StepBreakdown:
+    """`await start()` just before a level, `await finish()` just after it: the level's breakdown, or
+    {"skipped": why}. The processes are found again for every level (a restarted one has new counters)."""
+
+    def __init__(self, http: aiohttp.ClientSession, rest_url: str, grpc_target: str) -> None:
+        self.http = http  # the gateway's REST API
+        self.rest_url = urlsplit(rest_url)
+        self.grpc_port = int(grpc_target.rsplit(":", 1)[1])
+        self.scraper = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+        self.metrics_urls: dict[int, str] = {}  # pid → its /metrics
+        self.started: tuple[Processes, Snapshot] | str | None = None
+
+    async def close(self) -> None:
+        await self.scraper.close()
+
+    async def start(self) -> None:
+        try:
+            processes = await self._find()
+            self.started = (processes, await self._snapshot(processes))
+        except Skipped as exc:
+            self.started = str(exc)
+
+    async def finish(self) -> dict:
+        if isinstance(self.started, str):
+            return {"skipped": self.started}
+        processes, before = self.started
+        try:
+            after = await self._snapshot(processes)
+        except Skipped as exc:
+            return {"skipped": str(exc)}
+        if any(after.metrics.get(name, 0.0) < value for name, value in before.metrics.items()):
+            return {"skipped": "a speech service's counters went back during the level (it restarted)"}
+        return breakdown(before, after, processes)
+
+    async def _find(self) -> Processes:
+        if not is_local(self.rest_url.hostname or ""):
+            raise Skipped(f"the gateway ({self.rest_url.hostname}) is not on this machine")
+        async with self.http.get("/ready") as reply:
+            backends = (await reply.json())["backends"]
+        found = await asyncio.to_thread(listeners)
+        pids = {
+            backend: self._local_pids(backend, list(backends.get(backend, {})), found) for backend in SPEECH_BACKENDS
+        }
+        gateway_pids = pids_on(self.rest_url.port or 80, found)
+        if not gateway_pids:
+            raise Skipped(f"no process of this machine listens on the gateway's REST port {self.rest_url.port}")
+        processes = Processes(frozenset(pids["talker"]), frozenset(pids["vocoder"]), frozenset(gateway_pids))
+        grpc_ports = {int(target.rsplit(":", 1)[1]) for backend in SPEECH_BACKENDS for target in backends[backend]}
+        for pid in processes.speech_pids - self.metrics_urls.keys():
+            self.metrics_urls[pid] = await self._metrics_url(pid, found, grpc_ports | {self.grpc_port})
+        return processes
+
+    @staticmethod
+    def _local_pids(backend: str, targets: list[str], found: list[Listener]) -> set[int]:
+        if not targets:
+            raise Skipped(f"the gateway has no {backend} targets")
+        pids = set()
+        for target in targets:
+            host, port = target.rsplit(":", 1)
+            local = pids_on(int(port), found) if is_local(host) else set()
+            if not local:
+                raise Skipped(f"{backend} {target} is not a process on this machine")
+            pids |= local
+        return pids
+
+    async def _metrics_url(self, pid: int, found: list[Listener], grpc_ports: set[int]) -> str:
+        """The /metrics of `pid`: the first of its other ports that serves talker or vocoder metrics."""
+        for listener in found:
+            if listener.pid != pid or listener.port in grpc_ports:
+                continue
+            host = f"[{listener.host}]" if ":" in listener.host else listener.host
+            url = f"http://{host}:{listener.port}/metrics"
+            try:
+                async with self.scraper.get(url) as reply:
+                    text = await reply.text() if reply.status == 200 else ""
+            except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+                continue
+            if any(prefix in text for prefix in SPEECH_METRICS):
+                return url
+        raise Skipped(f"process {pid} serves no /metrics with talker or vocoder metrics (metrics port -1?)")
+
+    async def _snapshot(self, processes: Processes) -> Snapshot:
+        metrics: dict[str, float] = {}
+        for pid in sorted(processes.speech_pids):
+            try:
+                async with self.scraper.get(self.metrics_urls[pid]) as reply:
+                    text = await reply.text()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise Skipped(f"{self.metrics_urls[pid]}: {type(exc).__name__}") from exc
+            for name, value in parse_metrics(text).items():
+                if name.startswith(SPEECH_METRICS) and name.endswith(COUNTERS):
+                    metrics[name] = metrics.get(name, 0.0) + value
+        at_s = time.perf_counter()
+        speech_cpu_s, gateway_cpu_s = _cpu_s(processes.speech_pids), _cpu_s(processes.gateway_pids)
+        return Snapshot(at_s, metrics, speech_cpu_s, gateway_cpu_s)
+
+
+def _cpu_s(pids: frozenset[int]) -> float:
+    seconds = [cpu_s(pid) for pid in pids]
+    if None in seconds:
+        raise Skipped("a process exited during the level")
+    return sum(seconds)

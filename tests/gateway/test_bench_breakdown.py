@@ -1,0 +1,157 @@
+"""The step-time breakdown of `chorus bench tts`: its arithmetic on hand-made snapshots, a /metrics page parsed,
+and what it says when the stack is not on this machine. (On a real stack: test_bench_e2e.py.)"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+from ready_stub import serving_ready
+
+from chorus.bench.breakdown import Processes, Snapshot, StepBreakdown, breakdown, parse_metrics
+from chorus.bench.local_processes import cpu_s, listeners, pids_on
+
+PAGE = """\
+# HELP chorus_talker_steps_total Decode steps.
+# TYPE chorus_talker_steps_total counter
+chorus_talker_steps_total 100.0
+# HELP chorus_vocoder_decode_seconds Wall time of one batched chunk decode.
+# TYPE chorus_vocoder_decode_seconds histogram
+chorus_vocoder_decode_seconds_bucket{le="0.01"} 3.0
+chorus_vocoder_decode_seconds_bucket{le="+Inf"} 4.0
+chorus_vocoder_decode_seconds_count 4.0
+chorus_vocoder_decode_seconds_sum 0.05
+chorus_vocoder_decode_seconds_created 1.7e9
+# HELP chorus_rpcs_total gRPC calls handled.
+# TYPE chorus_rpcs_total counter
+chorus_rpcs_total{code="OK",method="Decode",service="vocoder"} 5.0
+chorus_rpcs_total{code="OK",method="Generate",service="talker"} 2.0
+"""
+
+
+def test_a_metrics_page_becomes_sample_values_summed_over_labels_without_buckets():
+    assert parse_metrics(PAGE) == {
+        "chorus_talker_steps_total": 100.0,
+        "chorus_vocoder_decode_seconds_count": 4.0,
+        "chorus_vocoder_decode_seconds_sum": 0.05,
+        "chorus_rpcs_total": 7.0,
+    }
+
+
+def _snapshot(at_s, steps, step_s, frames, prefills, prefill_s, batches, decode_s, chunks, audio_s, speech, gateway):
+    metrics = {
+        "chorus_talker_steps_total": steps,
+        "chorus_talker_step_seconds_total": step_s,
+        "chorus_talker_frames_total": frames,
+        "chorus_talker_prefills_total": prefills,
+        "chorus_talker_prefill_seconds_total": prefill_s,
+        "chorus_vocoder_decode_seconds_count": batches,
+        "chorus_vocoder_decode_seconds_sum": decode_s,
+        "chorus_vocoder_batch_size_count": batches,
+        "chorus_vocoder_batch_size_sum": chunks,
+        "chorus_vocoder_audio_seconds_total": audio_s,
+    }
+    return Snapshot(at_s, metrics, speech, gateway)
+
+
+def test_the_breakdown_of_a_level_is_the_deltas_between_its_snapshots():
+    # 10 s of wall: 1000 steps of 6 ms carrying 16 frames each, 40 prefills of 25 ms, 250 vocoder batches of
+    # 8 ms carrying 4 chunks each (1000 chunks, 2 frames of 80 ms: 160 s of audio); 9 CPU s in the speech
+    # process, 3 in the gateway's two workers.
+    before = _snapshot(100.0, 500, 2.0, 4000, 10, 0.5, 100, 1.0, 300, 50.0, 20.0, 5.0)
+    after = _snapshot(110.0, 1500, 8.0, 20000, 50, 1.5, 350, 3.0, 1300, 210.0, 29.0, 8.0)
+    processes = Processes(frozenset({7}), frozenset({7}), frozenset({8, 9}))
+    assert breakdown(before, after, processes) == {
+        "wall_s": 10.0,
+        "talker_processes": 1,
+        "vocoder_processes": 1,
+        "speech_processes": 1,
+        "gateway_processes": 2,
+        "talker_steps": 1000,
+        "talker_step_ms": 6.0,
+        "talker_mean_batch_size": 16.0,
+        "talker_step_busy_fraction": 0.6,
+        "talker_prefills": 40,
+        "talker_prefill_ms_per_request": 25.0,
+        "talker_prefill_busy_fraction": 0.1,
+        "vocoder_batches": 250,
+        "vocoder_decode_ms_per_batch": 8.0,
+        "vocoder_mean_batch_size": 4.0,
+        "vocoder_busy_fraction": 0.2,
+        "vocoder_chunks": 1000,
+        "vocoder_audio_s": 160.0,
+        "talker_plus_vocoder_busy_fraction": 0.9,
+        "speech_cpu_s_per_s": 0.9,
+        "speech_cpu_ms_per_talker_step": 9.0,
+        "gateway_cpu_s_per_s": 0.3,
+        "gateway_cpu_ms_per_chunk": 3.0,
+        "gateway_cpu_ms_per_audio_s": 18.75,
+    }
+
+
+def test_busy_fractions_are_per_replica_and_an_idle_level_divides_by_nothing():
+    before = _snapshot(0.0, 0, 0.0, 0, 0, 0.0, 0, 0.0, 0, 0.0, 1.0, 1.0)
+    after = _snapshot(2.0, 100, 1.0, 100, 0, 0.0, 0, 0.0, 0, 0.0, 1.5, 1.5)
+    processes = Processes(frozenset({1, 2}), frozenset({3}), frozenset({1}))
+    figures = breakdown(before, after, processes)
+    assert figures["talker_step_busy_fraction"] == 0.25  # 1 s busy over 2 replicas × 2 s
+    assert figures["speech_processes"] == 3
+    assert figures["talker_prefill_ms_per_request"] is None and figures["vocoder_decode_ms_per_batch"] is None
+    assert figures["gateway_cpu_ms_per_chunk"] is None
+    assert figures["talker_plus_vocoder_busy_fraction"] == 0.25
+    assert "share a process" in figures["note"]
+
+
+def test_a_process_is_found_by_the_port_it_listens_on_and_its_cpu_time_read():
+    with socket.socket() as ipv4, socket.socket(socket.AF_INET6) as ipv6:
+        ipv4.bind(("0.0.0.0", 0))
+        ipv6.bind(("::1", 0))
+        for sock in (ipv4, ipv6):
+            sock.listen()
+        mine = {(listener.port, listener.host) for listener in listeners() if listener.pid == os.getpid()}
+        assert {(ipv4.getsockname()[1], "127.0.0.1"), (ipv6.getsockname()[1], "::1")} <= mine
+    assert cpu_s(os.getpid()) > 0
+
+
+def test_every_process_sharing_a_port_is_found():
+    """Gateway workers share the REST port (SO_REUSEPORT): each of them is a gateway process."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        worker = subprocess.Popen([sys.executable, "-c", _SHARE, str(port)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert worker.stdout.readline() == "listening\n"
+            assert pids_on(port, listeners()) == {os.getpid(), worker.pid}
+        finally:
+            worker.kill()
+            worker.wait()
+
+
+_SHARE = (
+    "import socket, sys, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1); "
+    "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print('listening', flush=True); time.sleep(60)"
+)
+
+
+@pytest.mark.parametrize(
+    ("rest_url", "targets", "why"),
+    [
+        ("http://example.invalid:8000", ["127.0.0.1:1"], "the gateway (example.invalid) is not on this machine"),
+        (None, ["example.invalid:50051"], "talker example.invalid:50051 is not a process on this machine"),
+    ],
+)
+async def test_a_stack_elsewhere_gets_a_note_instead_of_a_breakdown(rest_url, targets, why):
+    async with (
+        serving_ready({"talker": dict.fromkeys(targets, True), "vocoder": {}}) as url,
+        aiohttp.ClientSession(url) as http,
+    ):
+        steps = StepBreakdown(http, rest_url or url, "127.0.0.1:1")
+        await steps.start()
+        assert await steps.finish() == {"skipped": why}
+        await steps.close()
