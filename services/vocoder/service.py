@@ -25,13 +25,18 @@ def _record_batch(report: BatchReport) -> None:
 
 
 async def _feed(request_iterator, stream: DecodeStream) -> None:
-    """Client messages after `open` → the engine. A bad message ends the stream (the reader then raises)."""
+    """Client messages after `open` → the engine. A bad message ends the stream (the reader then raises).
+
+    Input must end with `end_of_input`. A bare end of the request stream is what a cancelled call looks like
+    here (gRPC ends the iterator before it cancels the handler), so it drops the stream: its pending frames are
+    not decoded for nobody, and a client that half-closed without `end_of_input` gets INVALID_ARGUMENT."""
     try:
         num_frames_sent = 0
         async for message in request_iterator:
             kind = message.WhichOneof("input")
             if kind == "end_of_input":
-                break
+                stream.end_input()
+                return
             if kind != "chunk":
                 raise InvalidRequest(f"Decode: unexpected `{kind}` message after `open`")
             if message.chunk.frame_offset != num_frames_sent:
@@ -42,7 +47,7 @@ async def _feed(request_iterator, stream: DecodeStream) -> None:
             codes = chunk_to_codes(message.chunk)
             await stream.send(codes)
             num_frames_sent += len(codes)
-        stream.end_input()  # end_of_input, or the client half-closed its side
+        raise InvalidRequest("Decode: the input ended without `end_of_input`; the stream is dropped undecoded")
     except BaseException:
         stream.close()
         raise

@@ -101,6 +101,13 @@ async def test_int16_output_is_the_clipped_float_output(vocoder, codes):
             ],
             "chunk.frame_offset: expected 0",
         ),
+        (
+            [
+                vocoder_pb2.DecodeInput(open=vocoder_pb2.DecodeOpen()),
+                vocoder_pb2.DecodeInput(chunk=codes_to_chunk(np.zeros((3, 16)), 0, 0)),
+            ],  # then a half-close: as a cancelled call looks to the service
+            "ended without `end_of_input`",
+        ),
     ],
 )
 async def test_bad_streams_get_invalid_argument_and_free_their_state(vocoder, messages, detail):
