@@ -58,7 +58,8 @@ class VocoderServicer(object):
     def Decode(self, request_iterator, context):
         """Bidirectional: the first client message is DecodeOpen, then CodecChunks, then end_of_input.
         The server keeps each stream's decoder state, so only new frames travel, and a chunked
-        decode equals a one-shot decode. It sends PcmChunks and exactly one Final.
+        decode equals a one-shot decode. It sends PcmChunks and exactly one Final. Input that ends
+        without end_of_input (a cancelled call ends so) drops the stream undecoded: INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
