@@ -40,7 +40,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     _common(speech)
     speech.add_argument("--grpc-target", default=os.environ.get("CHORUS_GRPC", "127.0.0.1:50050"))
     speech.add_argument("--transport", choices=("rest", "grpc", "both"), default="both")
-    speech.add_argument("--concurrency", type=_ints, default=[1, 4, 16, 64])
+    speech.add_argument("--concurrency", type=_ints, default=[1, 4, 16, 64, 256])
     speech.add_argument("--requests-per-level", type=int, default=0, help="0: max(8, 2 × concurrency)")
     speech.add_argument("--prompts", type=lambda text: text.split(","), default=list(SPEECH))
     speech.add_argument("--fixed-frames", type=int, default=0, help="Every request runs to N frames (EOS ignored).")
