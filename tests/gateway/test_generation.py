@@ -23,7 +23,7 @@ from chorus.wire import chunk_to_pcm
 
 SAMPLE_RATE_HZ = 44_100
 NUM_STEPS_TO_WATCH = 100  # long enough for several progress polls
-LONG_RUN = {"duration_s": 0.5, "num_steps": 500}  # runs for seconds on CPU: time to cancel it
+LONG_RUN = {"duration_s": 0.7, "num_steps": 500}  # the tiny model's longest: seconds on CPU, time to cancel it
 
 
 @contextlib.asynccontextmanager
@@ -191,28 +191,41 @@ async def test_async_job_reports_progress_and_its_download_matches_sync(stack):
 
 async def test_cancel_stops_the_diffusion_run(stack):
     _, http, _, stub = stack
+    # A run lasts seconds here, but a loaded 2-core CI box once let one reach its last step before the cancel
+    # landed. Such an attempt proves nothing either way, so the test tries again; a cancel that does not stop
+    # the run fails every attempt.
+    for attempt in range(1, 4):
+        record, cancel_s = await cancel_a_long_run(http, stub)
+        print(f"attempt {attempt}: cancelled at step {record['progress']['step']}, service idle after {cancel_s:.2f} s")
+        if record["progress"]["step"] < LONG_RUN["num_steps"]:
+            assert record["status"] == "cancelled", record
+            return
+    pytest.fail("every run reached its last step although cancelled: the cancel did not stop the diffusion run")
+
+
+async def cancel_a_long_run(http, stub) -> tuple[dict, float]:
+    """The record of a long run cancelled once it made progress, and how long the service took to go idle."""
     request_id = (await http.post("/v1/audio/generations", json=body(mode="async", **LONG_RUN))).json()["id"]
 
     async def has_progress() -> bool:
         return (await http.get(f"/v1/requests/{request_id}")).json()["progress"] is not None
 
     await wait_for(has_progress)
+    started = time.monotonic()
     cancelled = await http.post(f"/v1/requests/{request_id}/cancel")
     assert cancelled.status_code == 200
 
     async def is_idle() -> bool:
         return await live_streams(stub) == 0
 
-    # Generous for a loaded 2-core CI box (it once took over 2 s there); a run that was not stopped still fails
-    # below, as it could not be `cancelled` short of its last step.
-    await wait_for(is_idle, timeout_s=5.0)
+    await wait_for(is_idle, timeout_s=5.0)  # a run left going ends by itself within that here
+    cancel_s = time.monotonic() - started
 
     async def has_ended() -> bool:  # the service may stop the run before the gateway records its end
         return (await http.get(f"/v1/requests/{request_id}")).json()["status"] != "running"
 
     await wait_for(has_ended)
-    record = (await http.get(f"/v1/requests/{request_id}")).json()
-    assert record["status"] == "cancelled" and record["progress"]["step"] < LONG_RUN["num_steps"], record
+    return (await http.get(f"/v1/requests/{request_id}")).json(), cancel_s
 
 
 async def test_client_disconnect_cancels_the_sync_run(stack):
