@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chorus.bench.chaos import SPEECH_BACKENDS
 from chorus.bench.local_processes import Listener, cpu_s, is_local, listeners, pids_on
+from chorus.bench.memory import CUDA_GAUGES, MemoryWatch
 
 SPEECH_METRICS = ("chorus_talker_", "chorus_vocoder_")
 COUNTERS = ("_total", "_sum", "_count")  # samples that only grow (counters, histograms), unlike gauges
@@ -130,6 +131,7 @@ class StepBreakdown:
         self.scraper = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
         self.metrics_urls: dict[int, str] = {}  # pid → its /metrics
         self.started: tuple[Processes, Snapshot] | str | None = None
+        self.memory: MemoryWatch | None = None
 
     async def close(self) -> None:
         await self.scraper.close()
@@ -140,18 +142,23 @@ class StepBreakdown:
             self.started = (processes, await self._snapshot(processes))
         except Skipped as exc:
             self.started = str(exc)
+            return
+        groups = {"speech": processes.speech_pids, "gateway": processes.gateway_pids}
+        self.memory = MemoryWatch(groups, lambda: self._cuda_gauges(processes))
+        self.memory.start()
 
     async def finish(self) -> dict:
         if isinstance(self.started, str):
             return {"skipped": self.started}
         processes, before = self.started
+        memory = await self.memory.stop()
         try:
             after = await self._snapshot(processes)
         except Skipped as exc:
             return {"skipped": str(exc)}
         if any(after.metrics.get(name, 0.0) < value for name, value in before.metrics.items()):
             return {"skipped": "a speech service's counters went back during the level (it restarted)"}
-        return breakdown(before, after, processes)
+        return breakdown(before, after, processes) | {"memory_mib": memory}
 
     async def _find(self) -> Processes:
         if not is_local(self.rest_url.hostname or ""):
@@ -200,7 +207,8 @@ class StepBreakdown:
                 return url
         raise Skipped(f"process {pid} serves no /metrics with talker or vocoder metrics (metrics port -1?)")
 
-    async def _snapshot(self, processes: Processes) -> Snapshot:
+    async def _speech_metrics(self, processes: Processes, wanted) -> dict[str, float]:
+        """The speech processes' samples whose names `wanted(name)` accepts, summed over the processes."""
         metrics: dict[str, float] = {}
         for pid in sorted(processes.speech_pids):
             try:
@@ -209,8 +217,21 @@ class StepBreakdown:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise Skipped(f"{self.metrics_urls[pid]}: {type(exc).__name__}") from exc
             for name, value in parse_metrics(text).items():
-                if name.startswith(SPEECH_METRICS) and name.endswith(COUNTERS):
+                if wanted(name):
                     metrics[name] = metrics.get(name, 0.0) + value
+        return metrics
+
+    async def _cuda_gauges(self, processes: Processes) -> dict[str, float]:
+        """The speech processes' CUDA memory gauges; {} when one cannot be read (the level's end says why)."""
+        try:
+            return await self._speech_metrics(processes, lambda name: name in CUDA_GAUGES.values())
+        except Skipped:
+            return {}
+
+    async def _snapshot(self, processes: Processes) -> Snapshot:
+        metrics = await self._speech_metrics(
+            processes, lambda name: name.startswith(SPEECH_METRICS) and name.endswith(COUNTERS)
+        )
         at_s = time.perf_counter()
         speech_cpu_s, gateway_cpu_s = _cpu_s(processes.speech_pids), _cpu_s(processes.gateway_pids)
         return Snapshot(at_s, metrics, speech_cpu_s, gateway_cpu_s)

@@ -79,5 +79,27 @@ def summarize(timings: list[RequestTiming], wall_s: float) -> dict:
     }
 
 
+def steady_quarters(timings: list[RequestTiming], started_at: float) -> list[dict]:
+    """A level's steady part — from its start to its last request sent, while all its streams were in flight —
+    in four equal windows: the audio seconds that arrived in each per second, and the TTFP p95 of the requests
+    sent in it. A sustained run holds its figures when its quarters agree. Empty when every request was sent
+    at once (no more requests than streams)."""
+    window_s = (max(t.sent_at for t in timings) - started_at) / 4
+    if window_s <= 0:
+        return []
+    quarters = []
+    for index in range(4):
+        low, high = started_at + index * window_s, started_at + (index + 1) * window_s
+        audio_s = sum(seconds for t in timings for at, seconds in t.arrivals if low <= at < high)
+        ttfp_ms = [
+            (t.first_audio_at - t.sent_at) * 1000
+            for t in timings
+            if t.error is None and t.first_audio_at is not None and low <= t.sent_at < high
+        ]
+        p95 = _rounded(percentile(ttfp_ms, 95))
+        quarters.append({"audio_s_per_s": round(audio_s / window_s, 2), "ttfp_p95_ms": p95})
+    return quarters
+
+
 def _rounded(value: float, digits: int = 1) -> float | None:
     return None if math.isnan(value) else round(value, digits)

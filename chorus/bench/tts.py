@@ -22,7 +22,7 @@ import grpc
 
 from chorus.bench.breakdown import StepBreakdown
 from chorus.bench.chaos import Chaos
-from chorus.bench.metrics import RequestTiming, summarize
+from chorus.bench.metrics import RequestTiming, steady_quarters, summarize
 from chorus.bench.prompts import SPEECH
 from chorus.client.grpc_client import FORMATS
 from chorus.v1 import gateway_pb2, gateway_pb2_grpc
@@ -124,7 +124,9 @@ async def run_level(
 
     started = time.perf_counter()
     timings = await asyncio.gather(*(one(index) for index in range(num_requests)))
-    summary = summarize(list(timings), time.perf_counter() - started)
+    summary = summarize(list(timings), time.perf_counter() - started) | {
+        "steady_quarters": steady_quarters(list(timings), started)
+    }
     return summary if chaos is None else summary | {"chaos": chaos.summary(list(timings))}
 
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 RPCS = Counter("chorus_rpcs", "gRPC calls handled, by method and final status code.", ["service", "method", "code"])
 RPC_SECONDS = Histogram(
@@ -19,6 +23,34 @@ SERVING = Gauge(
     "chorus_serving", "1 when the service reports SERVING on its health endpoint.", ["service"],
     multiprocess_mode="livemin",
 )  # fmt: skip
+
+
+class CudaMemoryCollector(Collector):
+    """GPU memory of this process, per device, read from PyTorch's caching allocator at scrape time: what
+    tensors hold (`allocated`), what the allocator holds from the driver (`reserved`, what other processes
+    cannot have) and the peaks of both since start. Empty until the process has used CUDA, so it never
+    initialises CUDA (or imports torch) itself."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return
+        stats = {
+            "allocated": torch.cuda.memory_allocated,
+            "reserved": torch.cuda.memory_reserved,
+            "max_allocated": torch.cuda.max_memory_allocated,
+            "max_reserved": torch.cuda.max_memory_reserved,
+        }
+        for name, read in stats.items():
+            family = GaugeMetricFamily(
+                f"chorus_cuda_memory_{name}_bytes", f"PyTorch CUDA memory {name.replace('_', ' ')}.", labels=["device"]
+            )
+            for index in range(torch.cuda.device_count()):
+                family.add_metric([str(index)], read(index))
+            yield family
+
+
+REGISTRY.register(CudaMemoryCollector())
 
 
 def metrics_registry() -> CollectorRegistry:

@@ -14,7 +14,7 @@ from speech_stack import hosted, speech_stack
 from chorus.bench import diffusion, tts
 from chorus.bench.cli import register
 from chorus.bench.diffusion import stage_stacks
-from chorus.bench.metrics import count_underruns, percentile
+from chorus.bench.metrics import RequestTiming, count_underruns, percentile, steady_quarters
 from chorus.bench.report import write
 from chorus.diffusion.config import DiffusionConfig
 from chorus.diffusion.service import DiffusionService
@@ -38,6 +38,20 @@ def test_underruns_of_a_real_time_player():
     # dry for 0.3 s at 0.5 (clock shifts), fine at 0.75, dry for 0.55 s at 1.5: two underruns
     assert count_underruns(stalls) == 2
     assert count_underruns([]) == 0
+
+
+def test_steady_quarters_show_a_run_that_slows_down():
+    def request(sent_at: float, ttfp_s: float, piece_s: float) -> RequestTiming:
+        arrivals = [(sent_at + ttfp_s, piece_s), (sent_at + ttfp_s + 1.0, piece_s)]
+        return RequestTiming(sent_at, sent_at + ttfp_s, sent_at + ttfp_s + 1.0, arrivals)
+
+    # sent at 0, 1, …, 8 s, each getting two pieces 1 s apart; from 6 s on, first audio comes 0.5 s after the
+    # request instead of 0.1 s, and its pieces carry 0.5 s of audio instead of 1 s
+    timings = [request(float(t), 0.1, 1.0) if t < 6 else request(float(t), 0.5, 0.5) for t in range(9)]
+    quarters = steady_quarters(timings, started_at=0.0)  # windows of 2 s over the 8 s until the last send
+    assert [q["ttfp_p95_ms"] for q in quarters] == [100.0, 100.0, 100.0, 500.0]
+    assert [q["audio_s_per_s"] for q in quarters] == [1.5, 2.0, 2.0, 1.25]
+    assert steady_quarters(timings[:1], started_at=0.0) == [], "all sent at once: no steady part"
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -77,6 +91,10 @@ async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, r
         assert steps["vocoder_audio_s"] == pytest.approx(level["audio_s"]) and steps["vocoder_mean_batch_size"] >= 1
         assert steps["talker_plus_vocoder_busy_fraction"] > 0 and steps["speech_cpu_ms_per_talker_step"] > 0
         assert steps["gateway_cpu_ms_per_chunk"] > 0 and steps["gateway_cpu_ms_per_audio_s"] > 0
+        # One process here: speech and gateway memory are the same process's; no GPU series off CUDA.
+        assert steps["memory_mib"].keys() == {"speech_rss_mib", "gateway_rss_mib"}, steps["memory_mib"]
+        assert steps["memory_mib"]["speech_rss_mib"]["max"] > 100
+        assert len(level["steady_quarters"]) == (4 if level["concurrency"] < 3 else 0)
     path = write(tmp_path, "tts", {"concurrency": [1, 2]}, levels, tts.check_targets(levels), "cpu test")
     report = json.loads(path.read_text())
     assert report["levels"] == levels and report["targets"][0]["metric"] == "ttfp_ms.p50"
