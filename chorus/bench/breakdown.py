@@ -166,9 +166,7 @@ class StepBreakdown:
         async with self.http.get("/ready") as reply:
             backends = (await reply.json())["backends"]
         found = await asyncio.to_thread(listeners)
-        pids = {
-            backend: self._local_pids(backend, list(backends.get(backend, {})), found) for backend in SPEECH_BACKENDS
-        }
+        pids = {backend: local_pids(backend, list(backends.get(backend, {})), found) for backend in SPEECH_BACKENDS}
         gateway_pids = pids_on(self.rest_url.port or 80, found)
         if not gateway_pids:
             raise Skipped(f"no process of this machine listens on the gateway's REST port {self.rest_url.port}")
@@ -178,34 +176,11 @@ class StepBreakdown:
             self.metrics_urls[pid] = await self._metrics_url(pid, found, grpc_ports | {self.grpc_port})
         return processes
 
-    @staticmethod
-    def _local_pids(backend: str, targets: list[str], found: list[Listener]) -> set[int]:
-        if not targets:
-            raise Skipped(f"the gateway has no {backend} targets")
-        pids = set()
-        for target in targets:
-            host, port = target.rsplit(":", 1)
-            local = pids_on(int(port), found) if is_local(host) else set()
-            if not local:
-                raise Skipped(f"{backend} {target} is not a process on this machine")
-            pids |= local
-        return pids
-
     async def _metrics_url(self, pid: int, found: list[Listener], grpc_ports: set[int]) -> str:
-        """The /metrics of `pid`: the first of its other ports that serves talker or vocoder metrics."""
-        for listener in found:
-            if listener.pid != pid or listener.port in grpc_ports:
-                continue
-            host = f"[{listener.host}]" if ":" in listener.host else listener.host
-            url = f"http://{host}:{listener.port}/metrics"
-            try:
-                async with self.scraper.get(url) as reply:
-                    text = await reply.text() if reply.status == 200 else ""
-            except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
-                continue
-            if any(prefix in text for prefix in SPEECH_METRICS):
-                return url
-        raise Skipped(f"process {pid} serves no /metrics with talker or vocoder metrics (metrics port -1?)")
+        url = await metrics_url(self.scraper, pid, found, grpc_ports, SPEECH_METRICS)
+        if url is None:
+            raise Skipped(f"process {pid} serves no /metrics with talker or vocoder metrics (metrics port -1?)")
+        return url
 
     async def _speech_metrics(self, processes: Processes, wanted) -> dict[str, float]:
         """The speech processes' samples whose names `wanted(name)` accepts, summed over the processes."""
@@ -242,3 +217,36 @@ def _cpu_s(pids: frozenset[int]) -> float:
     if None in seconds:
         raise Skipped("a process exited during the level")
     return sum(seconds)
+
+
+def local_pids(backend: str, targets: list[str], found: list[Listener]) -> set[int]:
+    """The processes of this machine serving a backend's `targets`; raises Skipped if one is elsewhere."""
+    if not targets:
+        raise Skipped(f"the gateway has no {backend} targets")
+    pids = set()
+    for target in targets:
+        host, port = target.rsplit(":", 1)
+        local = pids_on(int(port), found) if is_local(host) else set()
+        if not local:
+            raise Skipped(f"{backend} {target} is not a process on this machine")
+        pids |= local
+    return pids
+
+
+async def metrics_url(
+    scraper: aiohttp.ClientSession, pid: int, found: list[Listener], grpc_ports: set[int], prefixes: tuple[str, ...]
+) -> str | None:
+    """The /metrics of `pid`: the first of its other ports that serves metrics named with one of `prefixes`."""
+    for listener in found:
+        if listener.pid != pid or listener.port in grpc_ports:
+            continue
+        host = f"[{listener.host}]" if ":" in listener.host else listener.host
+        url = f"http://{host}:{listener.port}/metrics"
+        try:
+            async with scraper.get(url) as reply:
+                text = await reply.text() if reply.status == 200 else ""
+        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+            continue
+        if any(prefix in text for prefix in prefixes):
+            return url
+    return None

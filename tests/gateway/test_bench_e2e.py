@@ -149,10 +149,26 @@ async def test_bench_diffusion_runs_concurrent_requests(start_gateway, redis_url
         assert set(level["service_ms_p50"]) == {"queue_ms", "first_output_ms", "total_ms"}
         assert level["gateway_overhead_ms"]["p50"] <= level["gateway_overhead_ms"]["max"]
         assert 0 < level["gateway_overhead_pct"]["p50"] <= level["gateway_overhead_pct"]["max"]
+        # Found through /ready and /proc: this process, whose REST port serves the diffusion metrics, off CUDA.
+        assert level["gpu_peak_mib"] == {"skipped": "the diffusion service does not run on CUDA"}
     path = write(tmp_path, "diffusion", {}, levels, diffusion.check_targets(levels), "cpu test", stage_stacks(levels))
     assert json.loads(path.read_text())["levels"] == levels
     for png in (path.with_suffix(".png"), path.with_name(f"{path.stem}-stages.png")):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_diffusion_targets_are_issue_20s_and_a_failed_request_misses_them():
+    def level(concurrency: int, all_done_s: float, overhead_pct: float, completed: int | None = None) -> dict:
+        completed = concurrency if completed is None else completed
+        return {"concurrency": concurrency, "completed": completed, "all_done_s": all_done_s,
+                "gateway_overhead_pct": {"p50": overhead_pct, "max": overhead_pct}}  # fmt: skip
+
+    checks = diffusion.check_targets([level(1, 0.9, 4.0), level(4, 3.0, 9.0), level(8, 5.5, 2.0)])
+    assert [(c["concurrency"], c["metric"], c["met"]) for c in checks] == [
+        (1, "all_done_s", True), (1, "gateway_overhead_pct.max", True),
+        (8, "all_done_s", False), (8, "gateway_overhead_pct.max", True),
+    ]  # fmt: skip
+    assert not any(check["met"] for check in diffusion.check_targets([level(1, 0.5, 1.0, completed=0)]))
 
 
 def test_an_unreachable_gateway_is_one_line_and_exit_1(tmp_path, capsys):
