@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from chorus.talker.bench import main
+from chorus.talker.bench import check_targets, main
 
 
 def test_bench_writes_json_and_png(tmp_path):
@@ -31,3 +31,14 @@ def test_bench_writes_json_and_png(tmp_path):
     assert json.loads(json_path.read_text())["settings"]["frames_per_request"] == 6
     (png_path,) = tmp_path.glob("talker-*.png")
     assert png_path.read_bytes().startswith(b"\x89PNG")
+
+
+def test_targets_are_issue_18s_and_checked_against_their_batch_size():
+    ours = [
+        {"batch_size": 1, "ms_per_frame_step": 3.4, "audio_s_per_s": 20.0},
+        {"batch_size": 16, "ms_per_frame_step": 4.0, "audio_s_per_s": 300.0},
+        {"batch_size": 64, "ms_per_frame_step": 5.5, "audio_s_per_s": 1150.0},
+    ]
+    checks = [(c["batch_size"], c["metric"], c["bound"], c["met"]) for c in check_targets(ours)]
+    assert checks == [(1, "ms_per_frame_step", 3.5, True), (64, "audio_s_per_s", 1200.0, False)]
+    assert check_targets(ours[1:2]) == []

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Issue 18 and 20's GPU figures, one stage per call of the device tool (each stage ends well inside its 10-minute
+# limit). Run from a clean copy of the commit you quote; every result lands in OUT (JSON + PNG, commit recorded).
+#
+# Prepare here once:   ../shared/tools/device-wheels.sh          (wheels the GPU image lacks, into .whl)
+# Then on the device:  bash bench/gpu_wave.sh STAGE "$OUT"       (carry .whl)
+#   engines    talker 0.6B at batch 1/16/64/128/256 against the reference-style loop (1/16/64), 1.7B at 1/64, the
+#              vocoder bf16, the diffusion engine (compiled DiT, cuDNN attention) against diffusers' pipeline
+#   tts        the speech stack, both transports at concurrency 1, 16, 64, 256 (125 frames a request)
+#   formats    the speech stack, REST at 64 in mp3 and opus (compare with pcm at 64 from `tts`)
+#   sustained  the speech stack, REST at 64 for 1024 requests (steady quarters and memory per level)
+#   diffusion  the whole stack (`chorus up`), `chorus bench diffusion` at 1, 4, 8
+# The speech stack: `chorus serve speech` (talker and vocoder in one process), 4 gateway workers, released shapes
+# with dummy weights in bf16, talker slots TALKER_SLOTS (256) of TALKER_POSITIONS (1024) positions each: 256 slots
+# of the default 4608 positions would take 135 GB of KV cache.
+set -euo pipefail
+stage=${1:?usage: bench/gpu_wave.sh engines|tts|formats|sustained|diffusion OUT}
+out=${2:?usage: bench/gpu_wave.sh STAGE OUT}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if [ -d .whl ] && [ ! -d /tmp/site/chorus ]; then  # the GPU image's packages plus the wheels it lacks
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site .
+fi
+export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONSAFEPATH=1
+device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+label="${device:-CPU}, commit $(git rev-parse --short HEAD)"
+logs=$(mktemp -d)
+
+# Each setting may be overridden from the environment (a CPU smoke run of the plumbing: tiny models, TTS_LEVELS=1,2).
+export CHORUS_TALKER_MODEL=${CHORUS_TALKER_MODEL:-0.6b} CHORUS_TALKER_LOAD_FORMAT=${CHORUS_TALKER_LOAD_FORMAT:-dummy}
+export CHORUS_TALKER_DTYPE=${CHORUS_TALKER_DTYPE:-bfloat16}
+export CHORUS_TALKER_MAX_STREAMS=${TALKER_SLOTS:-256} CHORUS_TALKER_MAX_POSITIONS=${TALKER_POSITIONS:-1024}
+export CHORUS_VOCODER_MODEL=${CHORUS_VOCODER_MODEL:-released} CHORUS_VOCODER_LOAD_FORMAT=${CHORUS_VOCODER_LOAD_FORMAT:-dummy}
+export CHORUS_VOCODER_DTYPE=${CHORUS_VOCODER_DTYPE:-bfloat16} CHORUS_VOCODER_MAX_STREAMS=${TALKER_SLOTS:-256}
+export CHORUS_DIFFUSION_LOAD_FORMAT=${CHORUS_DIFFUSION_LOAD_FORMAT:-dummy} CHORUS_GATEWAY_WORKERS=${GATEWAY_WORKERS:-4}
+levels=${TTS_LEVELS:-1,16,64,256}
+
+start_stack() {  # chorus up [flags]: in the background until this script exits; waits for /ready
+  chorus up "$@" >"$logs/up.log" 2>&1 &
+  stack=$!
+  trap 'kill $stack 2>/dev/null; wait $stack 2>/dev/null; cp "$logs"/*.log "$out"/ 2>/dev/null || true' EXIT
+  for _ in $(seq 300); do
+    curl -sf http://127.0.0.1:8000/ready >/dev/null && { echo "stack ready after ${SECONDS} s" >&2; return; }
+    kill -0 $stack 2>/dev/null || { tail -50 "$logs/up.log" >&2; exit 1; }
+    sleep 1
+  done
+  echo "stack not ready after 300 s" >&2; tail -50 "$logs/up.log" >&2; exit 1
+}
+
+bench_tts() {
+  chorus bench tts --fixed-frames 125 --out "$out" --timeout-s 420 "$@"
+}
+
+case $stage in
+  engines)
+    python3 -m chorus.talker.bench --size 0.6b --batch-sizes 1,16,64,128,256 --out "$out"
+    python3 -m chorus.talker.bench --size 1.7b --batch-sizes 1,64 --skip-reference --out "$out"
+    python3 -m chorus.vocoder.bench --precisions bf16 --out "$out"
+    python3 -m chorus.diffusion.bench --compile --attention-backend cudnn --out "$out"
+    ;;
+  tts)
+    start_stack --speech-in-one-process
+    bench_tts --transport both --concurrency "$levels" --label "$label"
+    ;;
+  formats)
+    start_stack --speech-in-one-process
+    for format in mp3 opus; do bench_tts --transport rest --concurrency 64 --format $format --label "$label, $format"; done
+    ;;
+  sustained)
+    start_stack --speech-in-one-process
+    bench_tts --transport rest --concurrency 64 --requests-per-level 1024 --label "$label, sustained"
+    ;;
+  diffusion)
+    start_stack
+    chorus bench diffusion --out "$out" --label "$label"
+    ;;
+  *)
+    echo "unknown stage $stage" >&2; exit 2
+    ;;
+esac
