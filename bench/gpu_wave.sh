@@ -11,8 +11,8 @@
 #   sustained  the speech stack, REST at 64 for 1024 requests (steady quarters and memory per level)
 #   diffusion  the whole stack (`chorus up`), `chorus bench diffusion` at 1, 4, 8
 # The speech stack: `chorus serve speech` (talker and vocoder in one process), 4 gateway workers, released shapes
-# with dummy weights in bf16, talker slots TALKER_SLOTS (256) of TALKER_POSITIONS (1024) positions each: 256 slots
-# of the default 4608 positions would take 135 GB of KV cache.
+# with dummy weights in bf16, TALKER_SLOTS (256) talker streams sharing a KV pool of KV_POSITIONS (262144, 30 GB at
+# 0.6B) positions; each stream may still reach the default 4608 (256 × 4608 would take 135 GB).
 set -euo pipefail
 stage=${1:?usage: bench/gpu_wave.sh engines|tts|formats|sustained|diffusion OUT}
 out=${2:?usage: bench/gpu_wave.sh STAGE OUT}
@@ -30,7 +30,7 @@ logs=$(mktemp -d)
 # Each setting may be overridden from the environment (a CPU smoke run of the plumbing: tiny models, TTS_LEVELS=1,2).
 export CHORUS_TALKER_MODEL=${CHORUS_TALKER_MODEL:-0.6b} CHORUS_TALKER_LOAD_FORMAT=${CHORUS_TALKER_LOAD_FORMAT:-dummy}
 export CHORUS_TALKER_DTYPE=${CHORUS_TALKER_DTYPE:-bfloat16}
-export CHORUS_TALKER_MAX_STREAMS=${TALKER_SLOTS:-256} CHORUS_TALKER_MAX_POSITIONS=${TALKER_POSITIONS:-1024}
+export CHORUS_TALKER_MAX_STREAMS=${TALKER_SLOTS:-256} CHORUS_TALKER_KV_CACHE_POSITIONS=${KV_POSITIONS:-262144}
 export CHORUS_VOCODER_MODEL=${CHORUS_VOCODER_MODEL:-released} CHORUS_VOCODER_LOAD_FORMAT=${CHORUS_VOCODER_LOAD_FORMAT:-dummy}
 export CHORUS_VOCODER_DTYPE=${CHORUS_VOCODER_DTYPE:-bfloat16} CHORUS_VOCODER_MAX_STREAMS=${TALKER_SLOTS:-256}
 export CHORUS_DIFFUSION_LOAD_FORMAT=${CHORUS_DIFFUSION_LOAD_FORMAT:-dummy} CHORUS_GATEWAY_WORKERS=${GATEWAY_WORKERS:-4}

@@ -10,6 +10,12 @@ import os
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import pytest
+import torch
+
+# Without CUDA the Triton kernels' tests run in Triton's interpreter, which `triton.jit` picks when it decorates a
+# function, triton's own library included: set before anything imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from _pytest.tmpdir import tmppath_result_key
 
 from chorus.runtime.redis_server import start_local_redis
@@ -25,8 +31,6 @@ def pytest_runtest_setup(item):
 
 
 def pytest_collection_modifyitems(config, items):
-    import torch
-
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA")

@@ -24,7 +24,13 @@ class TalkerConfig(ServiceConfig):
         25, "Default most codec frames per chunk (one frame = 80 ms); chunks grow 1, 2, 4, … up to it."
     )
     max_frames: int = option(4096, "Default and upper limit of frames per request.")
-    max_positions: int = option(4608, "KV-cache positions per stream (prompt + frames); sets cache memory per slot.")
+    max_positions: int = option(4608, "KV-cache positions per stream (prompt + frames): the longest request.")
+    kv_cache_positions: int = option(
+        0,
+        "KV-cache positions all streams share, in blocks of 64 (0: max_streams × max_positions, so no stream ever "
+        "waits for one). Fewer serve more streams in the same memory: when they run out, the newest stream is "
+        "preempted and resumes later exactly where it stopped.",
+    )
     max_prefills_per_step: int = option(
         16, "New requests prefilled together in one step (one batched forward): a burst is admitted in fewer steps."
     )

@@ -1,4 +1,5 @@
-"""Talker metrics, read from the engine's counters at scrape time: steps, step time, frames, batch, queue."""
+"""Talker metrics, read from the engine's counters at scrape time: steps, step time, frames, batch, queue, KV
+blocks, preemptions."""
 
 from __future__ import annotations
 
@@ -44,6 +45,14 @@ class TalkerCollector(Collector):
         yield GaugeMetricFamily("chorus_talker_free_slots", "KV-cache slots free.", load.free_slots)
         yield GaugeMetricFamily(
             "chorus_talker_queue_depth", "Requests waiting for a slot or for text.", load.queue_depth
+        )
+        yield GaugeMetricFamily(
+            "chorus_talker_kv_free_blocks", "KV-cache blocks (64 positions) free.", self.engine.kv_blocks.num_free
+        )
+        yield CounterMetricFamily(
+            "chorus_talker_preemptions",
+            "Streams taken off their slot for lack of KV blocks (each resumes where it stopped).",
+            stats.preemptions,
         )
 
 

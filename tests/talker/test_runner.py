@@ -16,6 +16,7 @@ def _prefilled_runner(loaded) -> TalkerRunner:
     for slot, speaker in enumerate(("ryan", "vivian")):
         voice = VoiceRequest("custom_voice", [151644, 77091, 198], [11, 12, 13, 14], speaker=speaker)
         runner.set_params([slot], [SamplingParams(seed=slot)], seeds=[slot], ignore_eos=[False])
+        assert runner.kv_blocks.grow(slot, 64)  # every position of the slot's one block
         runner.prefill([slot], *runner.embed_prompts([build_prompt(loaded.config, voice)], [voice]))
     return runner
 

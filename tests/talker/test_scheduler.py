@@ -94,3 +94,25 @@ def test_a_frame_in_flight_counts_against_the_output_bound_and_the_limits():
     assert scheduler.plan().decode == [], "max_frames counts launched frames"
     request.num_launched, request.num_prompt_positions = 3, 9
     assert scheduler.plan().decode == [], "position 12 would be past the cache"
+
+
+def test_a_preempted_request_queues_again_in_admission_order_and_a_full_cache_holds_the_queue():
+    scheduler = Scheduler(num_slots=3, max_prefills_per_step=3, pad_text_id=PAD, max_positions=4096)
+    first, second, third = (_request(name) for name in ("first", "second", "third"))
+    for arrival, request in enumerate((first, second, third)):
+        request.arrival = arrival
+        scheduler.add(request)
+    assert scheduler.plan().prefill == [first, second, third]
+    for request in (first, second, third):
+        request.prompt = Prompt([], [], False)
+    scheduler.preempt(third)
+    scheduler.preempt(first)
+    assert third.slot is None and first.status is Status.WAITING and scheduler.num_free_slots == 2
+    late = _request("late")
+    late.arrival = 3
+    scheduler.add(late)
+    scheduler.requeue(third)
+    scheduler.requeue(first)
+    assert list(scheduler.waiting) == [first, third, late]
+    no_room_for_third = scheduler.plan(has_room=lambda request: request is not third)
+    assert no_room_for_third.prefill == [first] and list(scheduler.waiting) == [third, late]  # late waits behind it

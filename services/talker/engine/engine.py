@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import itertools
 import logging
 import random
 import sys
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from chorus.runtime.streams import use_own_stream
+from chorus.talker.engine.kv_blocks import BLOCK_SIZE, blocks_for
 from chorus.talker.engine.prefill import LENGTH_BUCKETS
 from chorus.talker.engine.request import FinishReason, Status, TalkerRequest
 from chorus.talker.engine.runner import DecodeLaunch, TalkerRunner, kv_bytes_per_position, slots_for_memory
@@ -45,6 +47,10 @@ class EngineFullError(RuntimeError):
 class EngineConfig:
     max_streams: int = 64  # KV-cache slots; 0 = as many as `kv_memory_fraction` of free device memory holds
     max_positions: int = 4608  # cache positions per stream: prompt + frames
+    # The KV pool all streams share (0: max_streams × max_positions, so no stream ever waits for one). A smaller
+    # pool serves more streams in the same memory: when it runs dry, the newest streams are preempted and later
+    # resume exactly where they stopped (their frames recomputed as a prefill).
+    kv_cache_positions: int = 0
     max_frames: int = 4096  # default and upper limit of frames per request
     max_queue: int = 256  # requests waiting for a slot or for text
     max_buffered_frames: int = 50  # per-stream output bound (4 s of audio)
@@ -73,19 +79,31 @@ class EngineStats:
     step_ms_total: float = 0.0
     prefills: int = 0  # requests prefilled
     prefill_ms_total: float = 0.0  # time in batched prefills (decoding waits meanwhile)
+    preemptions: int = 0  # requests taken off their slot for lack of KV blocks (each resumed later)
 
 
 class TalkerEngine:
     def __init__(self, loaded: LoadedTalker, config: EngineConfig = EngineConfig()) -> None:
         if config.max_prefills_per_step < 1:
             raise ValueError(f"max_prefills_per_step: must be >= 1, got {config.max_prefills_per_step}")
+        if 0 < config.kv_cache_positions < config.max_positions:
+            raise ValueError(
+                f"kv_cache_positions: must be 0 or at least max_positions ({config.max_positions}), "
+                f"got {config.kv_cache_positions}"
+            )
         self.loaded = loaded
         self.model_config = loaded.config
         self.config = config
         self.num_slots = config.max_streams or self._slots_from_memory(loaded)
         self.runner = TalkerRunner(
-            loaded.model, self.num_slots, config.max_positions, config.use_cuda_graphs, config.compile_step
+            loaded.model,
+            self.num_slots,
+            config.max_positions,
+            config.use_cuda_graphs,
+            config.compile_step,
+            config.kv_cache_positions,
         )
+        self.kv_blocks = self.runner.kv_blocks
         pad_id = self.model_config.text_ids.tts_pad
         self.scheduler = Scheduler(self.num_slots, config.max_prefills_per_step, pad_id, config.max_positions)
         self.stats = EngineStats()
@@ -93,6 +111,7 @@ class TalkerEngine:
         self._commands: deque[tuple] = deque()
         self._in_flight: tuple[DecodeLaunch, list[TalkerRequest]] | None = None
         self._admitted = 0
+        self._arrivals = itertools.count()
         self._admit_lock = threading.Lock()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -210,7 +229,10 @@ class TalkerEngine:
                 text_started=bool(voice.text_ids),
                 num_frames=num_prefix_frames,
                 num_launched=num_prefix_frames,
+                arrival=next(self._arrivals),
             )
+            if voice.prefix_frames is not None:
+                request.frame_log += voice.prefix_frames.numpy().astype(np.int16).tobytes()
             stream = FrameStream(
                 request_id,
                 self.config.max_buffered_frames,
@@ -306,11 +328,11 @@ class TalkerEngine:
     def step(self) -> bool:
         """One engine step (commands → plan → prefills → one decode step); False when there was nothing to do."""
         self._apply_commands()
-        plan = self.scheduler.plan()
+        plan = self.scheduler.plan(self._has_room)
+        self._reserve_decode_blocks(plan.decode)
         if plan.prefill:
             prefill_started = time.perf_counter()
-            self._prefill(plan.prefill)
-            self.stats.prefills += len(plan.prefill)
+            self.stats.prefills += self._prefill(plan.prefill)
             self.stats.prefill_ms_total += (time.perf_counter() - prefill_started) * 1000
         started = time.perf_counter()
         decode = [r for r in plan.decode if r.status is Status.RUNNING]
@@ -378,9 +400,9 @@ class TalkerEngine:
         except Exception as error:
             future.set_exception(error)
 
-    def _prefill(self, requests: list[TalkerRequest]) -> None:
-        """Build each request's prompt, then run every valid one into its slot: in one batched forward, but for
-        prompts longer than the largest padded bucket."""
+    def _prefill(self, requests: list[TalkerRequest]) -> int:
+        """Build each request's prompt, then run every valid one that gets its KV blocks into its slot: in one
+        batched forward, but for prompts longer than the largest padded bucket. Returns how many ran."""
         ready = []
         for request in requests:
             self._requests[request.request_id][1].scheduled_at = time.perf_counter()
@@ -394,6 +416,7 @@ class TalkerEngine:
                 ready.append(request)
             except PromptError as error:
                 self._finish(request, FinishReason.ERROR, str(error))
+        ready = [request for request in ready if self._reserve_prompt_blocks(request)]
         # Prompts that fit the largest padded bucket share one forward; a longer one (a request resumed deep into its
         # audio) runs alone, so the others are not padded to its length.
         short = [request for request in ready if len(request.prompt.positions) <= LENGTH_BUCKETS[-1]]
@@ -405,6 +428,53 @@ class TalkerEngine:
         if resumed:
             for request, code0 in zip(resumed, self.runner.next_code0s([r.slot for r in resumed]), strict=True):
                 self._may_finish(request, code0)
+        return len(ready)
+
+    def _reserve_decode_blocks(self, decode: list[TalkerRequest]) -> None:
+        """The KV block of the position each advancing request writes next, oldest first; while the pool has none
+        free, the newest request holding blocks is preempted (`decode` may lose some, which step() drops). The
+        pool holds at least one whole request, so the oldest always gets its block."""
+        held_positions = self.kv_blocks.held * BLOCK_SIZE
+        growing = [request for request in decode if held_positions[request.slot] <= request.position]
+        for request in sorted(growing, key=lambda r: r.arrival):
+            while request.status is Status.RUNNING and not self.kv_blocks.grow(request.slot, request.position + 1):
+                holders = [r for r in self.scheduler.running.values() if self.kv_blocks.held[r.slot]]
+                self._preempt(max(holders, key=lambda r: r.arrival))
+
+    def _has_room(self, request: TalkerRequest) -> bool:
+        """Whether the KV pool can take a waiting request's prompt (its size as last built; one block before) and
+        still leave a block per running request, which each may need within its next 64 frames: starting it then
+        does not at once preempt another, or itself again if it was preempted (it waits first in the queue)."""
+        running = sum(1 for r in self.scheduler.running.values() if self.kv_blocks.held[r.slot])
+        return self.kv_blocks.num_free - request.prompt_blocks >= running
+
+    def _reserve_prompt_blocks(self, request: TalkerRequest) -> bool:
+        """The KV blocks of a request's prompt, or back to the queue's head, its size noted, if the pool lacks
+        them (a prompt longer than the last built, or grown by streaming text)."""
+        num_positions = len(request.prompt.positions)
+        request.prompt_blocks = blocks_for(num_positions)
+        if self._has_room(request) and self.kv_blocks.grow(request.slot, num_positions):
+            return True
+        self.scheduler.preempt(request)
+        self.scheduler.requeue(request)
+        return False
+
+    def _preempt(self, request: TalkerRequest) -> None:
+        """Free a running request's slot and KV blocks; it goes back to the queue's head and, prefilled again with
+        its frames so far (counter-based draws make the continuation exact), resumes where it stopped."""
+        self.stats.preemptions += 1
+        _log.info("preempted %s at frame %d: KV cache full", request.request_id, request.num_frames)
+        self.kv_blocks.release(request.slot)
+        self.scheduler.preempt(request)
+        if request.num_launched == request.num_frames:
+            self._requeue_preempted(request)
+        # else its last frame is still on the device: `_collect` requeues it once that frame is out
+
+    def _requeue_preempted(self, request: TalkerRequest) -> None:
+        if request.frame_log:
+            frames = np.frombuffer(request.frame_log, dtype=np.int16).reshape(-1, self.model_config.num_code_groups)
+            request.voice.prefix_frames = torch.from_numpy(frames.astype(np.int64))
+        self.scheduler.requeue(request)
 
     def _prefill_batch(self, requests: list[TalkerRequest]) -> None:
         slots = [request.slot for request in requests]
@@ -441,9 +511,12 @@ class TalkerEngine:
                 continue
             _, stream = self._requests[request.request_id]
             stream.push(frames[index])
+            request.frame_log += frames[index].tobytes()
             request.num_frames += 1
             request.buffered_frames += 1
             self._may_finish(request, next_code0[index])
+            if request.status is Status.WAITING:  # preempted while this frame was on the device
+                self._requeue_preempted(request)
         self.stats.frames += len(requests)
 
     def _may_finish(self, request: TalkerRequest, next_code0: int) -> None:
@@ -458,6 +531,8 @@ class TalkerEngine:
     def _finish(self, request: TalkerRequest, reason: FinishReason, error: str | None = None) -> None:
         if request.status is Status.FINISHED:
             return
+        if request.status is Status.RUNNING:
+            self.kv_blocks.release(request.slot)
         self.scheduler.finish(request)
         request.finish_reason, request.error = reason, error
         _, stream = self._requests.pop(request.request_id)

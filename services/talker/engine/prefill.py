@@ -18,7 +18,7 @@ import torch
 from chorus.runtime.streams import capture_graph
 
 ROW_BUCKETS = (1, 2, 4, 8, 16)
-LENGTH_BUCKETS = (64, 128, 256, 512)
+LENGTH_BUCKETS = (64, 128, 256, 512)  # whole KV blocks (`kv_blocks.BLOCK_SIZE`), as the runner stores them
 
 
 def prefill_bucket(num_rows: int, length: int) -> tuple[int, int] | None:
@@ -43,7 +43,8 @@ class PaddedPrefill:
 
     def run(self, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Hidden states `[R, L, H]` of padded prompts `embeds [R, L, H]`, and the scratch cache they wrote
-        `[layers, 2, R, kv_heads, L, D]` (views, valid until the next prefill); None when no bucket holds them."""
+        `[layers, 2, R, kv_heads, L', D]` up to the bucket's length L' (views, valid until the next prefill); None
+        when no bucket holds them."""
         num_rows, length, _ = embeds.shape
         bucket = prefill_bucket(num_rows, length)
         if bucket is None:
@@ -58,7 +59,7 @@ class PaddedPrefill:
             graph.replay()
         else:
             hidden = self._forward(rows, padded)
-        return hidden[:num_rows, :length], self.scratch[:, :, :num_rows, :, :length]
+        return hidden[:num_rows, :length], self.scratch[:, :, :num_rows, :, :padded]
 
     def _forward(self, rows: int, length: int) -> torch.Tensor:
         scratch = self.scratch[:, :, :rows, :, :length]

@@ -44,6 +44,11 @@ class TalkerRequest:
     buffered_frames: int = 0  # frames handed out but not yet taken by the consumer
     finish_reason: FinishReason | None = None
     error: str | None = None
+    arrival: int = 0  # admission order: the newest running request is preempted first
+    prompt_blocks: int = 1  # KV blocks its prompt takes (known once its prompt was built)
+    # Every frame of the request so far (prefix frames included), 16 int16 codes each: what a preempted request
+    # resumes from.
+    frame_log: bytearray = dataclasses.field(default_factory=bytearray)
 
     @property
     def position(self) -> int:

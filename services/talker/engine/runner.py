@@ -1,9 +1,11 @@
-"""The only device code of the talker: preallocated slot caches, prefill, the one-frame decode step, CUDA graphs.
+"""The only device code of the talker: the KV cache, prefill, the one-frame decode step, CUDA graphs.
 
 State lives on the device in per-slot buffers, so a decode step needs from the host only which rows advance and
 each row's trailing-text id, and hands back the finished frames and next codebook-0 ids (the one sync per step).
 A decode step covers slot rows `[0, n)`: the scheduler packs live requests into the lowest free slots, and rows
-that must not advance (free, paused, waiting for text) compute but keep their state.
+that must not advance (free, paused, waiting for text) compute but keep their state. The talker's KV cache is a
+pool of blocks that slots take as they grow (`KVBlocks`); the code predictor's, never longer than a frame's 16
+codes, is one fixed block per slot.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import itertools
 import numpy as np
 import torch
 
+from chorus.talker.engine.kv_blocks import BLOCK_SIZE, SPARE_BLOCK, KVBlocks, blocks_for
 from chorus.talker.engine.prefill import LENGTH_BUCKETS, PaddedPrefill
 from chorus.talker.models.qwen3_tts_talker import Qwen3TTSModel
 from chorus.talker.models.speaker_encoder import log_mel_spectrogram
@@ -86,7 +89,7 @@ def _rows(params: RowParams, rows: slice) -> RowParams:
 
 
 class TalkerRunner:
-    """Owns the model, the slot KV caches and per-slot decode state on `device`."""
+    """Owns the model, the KV caches and per-slot decode state on `device`."""
 
     def __init__(
         self,
@@ -95,19 +98,24 @@ class TalkerRunner:
         max_positions: int,
         use_cuda_graphs: bool = False,
         compile_step: bool = False,
+        kv_cache_positions: int = 0,
     ):
+        """`kv_cache_positions`: the talker's KV pool, shared by all slots (0: every slot's `max_positions`)."""
         self.model = model
         self.config = model.config
         weight = model.talker.codec_head.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.num_slots, self.max_positions = num_slots, max_positions
         talker, predictor = self.config.talker, self.config.code_predictor
+        num_blocks = 1 + blocks_for(kv_cache_positions or num_slots * blocks_for(max_positions) * BLOCK_SIZE)
+        self.kv_blocks = KVBlocks(num_slots, max_positions, num_blocks, self.device)
+        # Zeros: every entry stays finite, so the PyTorch path's masked positions (weight 0) add exactly 0.
         self.talker_cache = torch.zeros(
             talker.num_hidden_layers,
             2,
-            num_slots,
+            num_blocks,
             talker.num_key_value_heads,
-            max_positions,
+            BLOCK_SIZE,
             talker.head_dim,
             device=self.device,
             dtype=self.dtype,
@@ -122,6 +130,8 @@ class TalkerRunner:
             device=self.device,
             dtype=self.dtype,
         )
+        # Read as a paged cache by the decode kernels: one block of 16 positions per slot, slot i's block i.
+        self.predictor_table = torch.arange(num_slots, dtype=torch.int32, device=self.device)[:, None]
         device, vocab = self.device, self.config.codec_vocab_size
         self.last_hidden = torch.zeros(num_slots, talker.hidden_size, device=device, dtype=self.dtype)
         self.next_code0 = torch.zeros(num_slots, dtype=torch.long, device=device)
@@ -178,10 +188,14 @@ class TalkerRunner:
         captured when a step first needs it, pausing the decode loop once. The slots used are free again
         afterwards."""
         hidden_size = self.config.talker.hidden_size
-        for num_rows, num_positions in ((1, 24), (min(2, self.num_slots), 31)):
+        for num_rows, num_positions in ((1, 24), (min(2, self.num_slots, self.kv_blocks.num_free), 31)):
             num_positions = min(num_positions, self.max_positions - 1)
             embeds = torch.zeros(num_rows, num_positions, hidden_size, device=self.device)
+            for row in range(num_rows):
+                self.kv_blocks.grow(row, num_positions)
             self.prefill(list(range(num_rows)), embeds, [num_positions - row for row in range(num_rows)])
+            for row in range(num_rows):
+                self.kv_blocks.release(row)
         if self.graphs is None:
             return
         self.padded_prefill.capture_all()
@@ -251,7 +265,7 @@ class TalkerRunner:
         step samples it (frame index N, so with the same draws; EOS allowed from the minimum on).
 
         A padded position writes cache entries past its row's prompt, which that row's decode steps overwrite
-        before anything attends to them.
+        before anything attends to them. Each slot must hold the KV blocks of its prompt's positions.
         """
         num_rows, longest, _ = embeds.shape
         assert longest <= self.max_positions, "prompt longer than the cache; the engine checks this"
@@ -264,7 +278,8 @@ class TalkerRunner:
         else:
             positions = torch.arange(longest, device=self.device).repeat(num_rows, 1)
             num_layers, _, _, num_kv_heads, _, head_dim = self.talker_cache.shape
-            scratch = self.talker_cache.new_empty(num_layers, 2, num_rows, num_kv_heads, longest, head_dim)
+            whole_blocks = blocks_for(longest) * BLOCK_SIZE  # zeros past `longest`: stored, never attended
+            scratch = self.talker_cache.new_zeros(num_layers, 2, num_rows, num_kv_heads, whole_blocks, head_dim)
             # Equal chunks, each attending the cache its predecessors wrote (none as short as a decode step's input).
             num_chunks = -(-longest // PREFILL_CHUNK_POSITIONS)
             edges = [longest * chunk // num_chunks for chunk in range(num_chunks + 1)]
@@ -278,7 +293,7 @@ class TalkerRunner:
             )
         index, last_index, num_generated = self._upload(slots + lengths + num_prefix, torch.long).view(3, num_rows)
         last_index = last_index - 1
-        self.talker_cache[..., :longest, :].index_copy_(2, index, scratch)
+        self._store_prompts(slots, lengths, scratch)
         last_hidden = hidden[torch.arange(num_rows, device=self.device), last_index]
         self.generated_mask[index] = False
         if any(num_prefix):
@@ -293,6 +308,20 @@ class TalkerRunner:
         self.position[index] = last_index + 1
         self.num_generated[index] = num_generated + 1
         self.generated_mask[index, code0] = True
+
+    def _store_prompts(self, slots: list[int], lengths: list[int], scratch: torch.Tensor) -> None:
+        """Copy each row's prompt keys and values from `scratch [layers, 2, rows, kv_heads, L, D]` (L a whole number
+        of blocks, at least the longest prompt's) into the blocks its slot holds, in one copy."""
+        num_blocks = scratch.shape[4] // BLOCK_SIZE
+        by_block = scratch[..., : num_blocks * BLOCK_SIZE, :].unflatten(4, (num_blocks, BLOCK_SIZE))
+        by_block = by_block.transpose(3, 4).flatten(2, 3)  # [layers, 2, rows × blocks, kv_heads, BLOCK_SIZE, D]
+        sources, targets = [], []
+        for row, (slot, length) in enumerate(zip(slots, lengths, strict=True)):
+            owned = self.kv_blocks.owned(slot, length)
+            sources += range(row * num_blocks, row * num_blocks + len(owned))
+            targets += owned
+        indices = self._upload(sources + targets, torch.long)
+        self.talker_cache.index_copy_(2, indices[len(sources) :], by_block.index_select(2, indices[: len(sources)]))
 
     def next_code0s(self, slots: list[int]) -> list[int]:
         """The codebook-0 ids sampled for `slots`' next frames; waits for the device."""
@@ -309,8 +338,9 @@ class TalkerRunner:
         inputs = torch.stack((self.last_hidden[rows], talker.embed_codec(code0)), dim=1)
         positions = torch.arange(2, device=self.device).repeat(num_rows, 1)
         codes = [code0]
+        table = self.predictor_table[rows]
         for codebook in range(1, self.config.num_code_groups):
-            logits = predictor(inputs, positions, kv_caches, head_index=codebook - 1)
+            logits = predictor(inputs, positions, kv_caches, codebook - 1, table)
             code = self._sample_code(logits, params, frame_index, codebook)
             codes.append(code)
             inputs = predictor.embed(codebook, code)[:, None]
@@ -328,7 +358,7 @@ class TalkerRunner:
         frames = self._predict_frame(num_rows)
         embeds = talker.embed_frame(frames) + talker.embed_text(self.text_ids[rows])
         positions = self.position[rows].clamp(max=self.max_positions - 1)[:, None]
-        hidden, logits = talker(embeds[:, None], positions, self._cache_views(self.talker_cache, rows), attended_length)
+        hidden, logits = self._talker_step(embeds[:, None], positions, num_rows, attended_length)
         code0 = self._pick_code0(logits, rows)
         self.out[rows, :-1] = frames
         self.out[rows, -1] = code0
@@ -338,6 +368,27 @@ class TalkerRunner:
         self.num_generated[rows] += active.long()
         seen = self.generated_mask[rows].scatter(1, code0[:, None], True)
         self.generated_mask[rows] = torch.where(active[:, None], seen, self.generated_mask[rows])
+
+    def _talker_step(self, embeds, positions, num_rows: int, attended_length: int):
+        """The talker's forward for one decode token per row over the paged cache: straight through the Triton
+        kernels where they apply, else over a gathered copy of the rows' blocks whose new entries are written
+        back."""
+        talker, table = self.model.talker, self.kv_blocks.table[:num_rows]
+        if talker.model.uses_kernels(1):
+            return talker(embeds, positions, list(self.talker_cache), attended_length, table)
+        table = table[:, : blocks_for(attended_length)].long()
+        gathered = [layer[:, table].transpose(2, 3).flatten(3, 4) for layer in self.talker_cache]
+        # A row that does not advance may sit past the gathered positions (a paused one): it computes at the last of
+        # them, and nothing of it is written back.
+        positions = positions.clamp(max=gathered[0].shape[3] - 1)
+        hidden, logits = talker(embeds, positions, gathered, attended_length)
+        rows, position = torch.arange(num_rows, device=self.device), positions[:, 0]
+        advancing = self.active[:num_rows].bool()
+        block = torch.where(advancing, table[rows, position // BLOCK_SIZE], SPARE_BLOCK)
+        offset = position % BLOCK_SIZE
+        for layer, copy in zip(self.talker_cache, gathered, strict=True):
+            layer[:, block, :, offset] = copy[:, rows, :, position]
+        return hidden, logits
 
     @torch.inference_mode()
     def launch(self, active_rows: list[int], text_ids: list[int], max_position: int) -> DecodeLaunch:

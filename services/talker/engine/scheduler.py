@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections import deque
+from collections.abc import Callable
 
 from chorus.talker.engine.request import Status, TalkerRequest
 
@@ -41,10 +42,14 @@ class Scheduler:
         arrive in one step before any is placed, so a second bound here would strand them."""
         self.waiting.append(request)
 
-    def plan(self) -> StepPlan:
+    def plan(self, has_room: Callable[[TalkerRequest], bool] = lambda request: True) -> StepPlan:
+        """`has_room(request)`: whether the KV cache can take a waiting request now; the queue waits behind the
+        first that it cannot, so requests start in order."""
         prefill = []
         for request in list(self.waiting):
             if len(prefill) == self.max_prefills_per_step or not self._free_slots:
+                break
+            if request.prompt_ready and not has_room(request):
                 break
             if request.prompt_ready:
                 self.waiting.remove(request)
@@ -62,6 +67,17 @@ class Scheduler:
                 decode.append(request)
                 text_ids.append(text_id)
         return StepPlan(prefill, decode, text_ids)
+
+    def preempt(self, request: TalkerRequest) -> None:
+        """Take a running request off its slot; it is out of the queue too until `requeue`."""
+        del self.running[request.slot]
+        heapq.heappush(self._free_slots, request.slot)
+        request.slot, request.status = None, Status.WAITING
+
+    def requeue(self, request: TalkerRequest) -> None:
+        """Queue a preempted request again in admission order, ahead of every request admitted after it."""
+        later = (index for index, other in enumerate(self.waiting) if other.arrival > request.arrival)
+        self.waiting.insert(next(later, len(self.waiting)), request)
 
     def finish(self, request: TalkerRequest) -> None:
         """Release the request's slot (or queue place) at once."""

@@ -12,6 +12,10 @@ three attention kernels. Here:
   per row) over the row's cached keys, reading only positions up to the row's own — the cache length is an upper
   bound, not the work done.
 
+The cache is paged: `[2, blocks, kv_heads, block_size, D]`, and a row's position p lives in block
+`block_table[row, p // block_size]` at offset `p % block_size`, so streams share one pool of blocks instead of each
+holding the longest request's worth. A cache of one block per row (`block_table[row] = [row]`) is the unpaged case.
+
 Both compute in fp32 and round where the compiled PyTorch path rounds (normalised values and cos/sin to the
 activation dtype before scaling), so replacing it changes results only at bf16 rounding level.
 """
@@ -25,7 +29,6 @@ import triton
 import triton.language as tl
 
 MAX_DECODE_TOKENS = 2  # the code predictor's first step feeds 2 tokens; every other decode step 1
-_BLOCK_KEYS = 64
 
 
 def supports(head_dim: int, num_heads: int, num_kv_heads: int, dtype: torch.dtype) -> bool:
@@ -46,21 +49,24 @@ def _qk_norm_rope_store_kernel(
     positions_ptr,
     q_out_ptr,
     cache_ptr,
+    table_ptr,
     stride_qkv_row,
     stride_qkv_token,
     stride_q_row,
     stride_q_head,
     stride_q_token,
     stride_cache_kv,
-    stride_cache_row,
+    stride_cache_block,
     stride_cache_head,
     stride_cache_position,
+    stride_table_row,
     num_tokens,
     eps,
     log2_theta,
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
 ):
     row_token = tl.program_id(0)
     head = tl.program_id(1)
@@ -71,9 +77,11 @@ def _qk_norm_rope_store_kernel(
     source = qkv_ptr + row * stride_qkv_row + token * stride_qkv_token + head * HEAD_DIM
     x = tl.load(source + dims)
     position = tl.load(positions_ptr + row_token)
+    block = tl.load(table_ptr + row * stride_table_row + position // BLOCK_SIZE).to(tl.int64)
+    slot = cache_ptr + block * stride_cache_block + (position % BLOCK_SIZE) * stride_cache_position
     dtype = qkv_ptr.dtype.element_ty
     if head >= NUM_HEADS + NUM_KV_HEADS:  # a value head: stored as it is
-        target = cache_ptr + stride_cache_kv + row * stride_cache_row + position * stride_cache_position
+        target = slot + stride_cache_kv
         tl.store(target + (head - NUM_HEADS - NUM_KV_HEADS) * stride_cache_head + dims, x)
     else:
         # RMS norm in fp32, rounded to the activation dtype, then scaled by the head's norm weight.
@@ -96,8 +104,7 @@ def _qk_norm_rope_store_kernel(
             target = q_out_ptr + row * stride_q_row + head * stride_q_head + token * stride_q_token
             tl.store(target + dims, rotated)
         else:
-            target = cache_ptr + row * stride_cache_row + position * stride_cache_position
-            tl.store(target + (head - NUM_HEADS) * stride_cache_head + dims, rotated)
+            tl.store(slot + (head - NUM_HEADS) * stride_cache_head + dims, rotated)
 
 
 def qk_norm_rope_store(
@@ -106,15 +113,17 @@ def qk_norm_rope_store(
     k_norm_weight: torch.Tensor,
     positions: torch.Tensor,
     kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
     num_heads: int,
     eps: float,
     rope_theta: float,
 ) -> torch.Tensor:
     """Rotated, normalised queries `[B, heads, T, D]` of `qkv [B, T, (heads + 2 kv_heads) D]`; keys and values
-    go into `kv_cache [2, B, kv_heads, L, D]` at `positions [B, T]`."""
+    go into the paged `kv_cache [2, blocks, kv_heads, block_size, D]` at `positions [B, T]` of each row's blocks
+    (`block_table [B, blocks per row]`)."""
     batch, num_tokens, _ = qkv.shape
-    _, _, num_kv_heads, _, head_dim = kv_cache.shape
-    assert qkv.stride(2) == 1 and kv_cache.stride(4) == 1 and positions.is_contiguous()
+    _, _, num_kv_heads, block_size, head_dim = kv_cache.shape
+    assert qkv.stride(2) == 1 and kv_cache.stride(4) == 1 and positions.is_contiguous() and block_table.stride(1) == 1
     queries = qkv.new_empty(batch, num_heads, num_tokens, head_dim)
     grid = (batch * num_tokens, num_heads + 2 * num_kv_heads)
     _qk_norm_rope_store_kernel[grid](
@@ -124,15 +133,18 @@ def qk_norm_rope_store(
         positions,
         queries,
         kv_cache,
+        block_table,
         *qkv.stride()[:2],
         *queries.stride()[:3],
         *kv_cache.stride()[:4],
+        block_table.stride(0),
         num_tokens,
         eps,
         math.log2(rope_theta),
         NUM_HEADS=num_heads,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
         num_warps=1,
     )
     return queries
@@ -142,15 +154,17 @@ def qk_norm_rope_store(
 def _decode_attention_kernel(
     q_ptr,
     cache_ptr,
+    table_ptr,
     positions_ptr,
     out_ptr,
     stride_q_row,
     stride_q_head,
     stride_q_token,
     stride_cache_kv,
-    stride_cache_row,
+    stride_cache_block,
     stride_cache_head,
     stride_cache_position,
+    stride_table_row,
     stride_out_row,
     stride_out_token,
     num_tokens,
@@ -158,8 +172,8 @@ def _decode_attention_kernel(
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_QUERIES: tl.constexpr,
-    NUM_POSITIONS: tl.constexpr,
-    BLOCK_KEYS: tl.constexpr,
+    NUM_BLOCKS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -175,16 +189,19 @@ def _decode_attention_kernel(
     q = tl.load(q_ptr + q_offsets[:, None] + dims[None, :], mask=is_query[:, None], other=0.0)
     query_position = tl.load(positions_ptr + row * num_tokens + token, mask=is_query, other=0)
     last_position = tl.max(query_position, axis=0)
-    keys_ptr = cache_ptr + row * stride_cache_row + kv_head * stride_cache_head
-    values_ptr = keys_ptr + stride_cache_kv
     running_max = tl.full([BLOCK_QUERIES], float("-inf"), tl.float32)
     running_sum = tl.zeros([BLOCK_QUERIES], tl.float32)
     acc = tl.zeros([BLOCK_QUERIES, HEAD_DIM], tl.float32)
-    for start in range(0, NUM_POSITIONS, BLOCK_KEYS):
+    for index in range(0, NUM_BLOCKS):
+        start = index * BLOCK_SIZE
         if start <= last_position:  # blocks past every query's position are skipped, not read
-            key = start + tl.arange(0, BLOCK_KEYS)
+            block = tl.load(table_ptr + row * stride_table_row + index).to(tl.int64)
+            keys_ptr = cache_ptr + block * stride_cache_block + kv_head * stride_cache_head
+            values_ptr = keys_ptr + stride_cache_kv
+            offset = tl.arange(0, BLOCK_SIZE)
+            key = start + offset
             is_written = key <= last_position
-            offsets = key[:, None] * stride_cache_position + dims[None, :]
+            offsets = offset[:, None] * stride_cache_position + dims[None, :]
             k = tl.load(keys_ptr + offsets, mask=is_written[:, None], other=0.0)
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             scores = tl.where(key[None, :] <= query_position[:, None], scores, float("-inf"))
@@ -200,28 +217,34 @@ def _decode_attention_kernel(
     tl.store(out_ptr + out_offsets[:, None] + dims[None, :], out.to(q.dtype), mask=is_query[:, None])
 
 
-def decode_attention(queries: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Attention output `[B, T, heads * D]` of `queries [B, heads, T, D]` over `kv_cache [2, B, kv_heads, L, D]`:
-    each query attends the keys at positions ≤ its own (`positions [B, T]`)."""
+def decode_attention(
+    queries: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """Attention output `[B, T, heads * D]` of `queries [B, heads, T, D]` over the paged `kv_cache [2, blocks,
+    kv_heads, block_size, D]` (row i's blocks: `block_table[i]`): each query attends the keys at positions ≤ its own
+    (`positions [B, T]`)."""
     batch, num_heads, num_tokens, head_dim = queries.shape
-    num_kv_heads = kv_cache.shape[2]
+    _, _, num_kv_heads, block_size, _ = kv_cache.shape
     group = num_heads // num_kv_heads
+    assert block_table.stride(1) == 1
     out = queries.new_empty(batch, num_tokens, num_heads * head_dim)
     _decode_attention_kernel[(batch, num_kv_heads)](
         queries,
         kv_cache,
+        block_table,
         positions,
         out,
         *queries.stride()[:3],
         *kv_cache.stride()[:4],
+        block_table.stride(0),
         *out.stride()[:2],
         num_tokens,
         head_dim**-0.5,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_QUERIES=16,
-        NUM_POSITIONS=kv_cache.shape[3],
-        BLOCK_KEYS=_BLOCK_KEYS,
+        NUM_BLOCKS=block_table.shape[1],
+        BLOCK_SIZE=block_size,
         PRECISION=_DOT_PRECISION[queries.dtype],
         num_warps=4,
     )

@@ -1,9 +1,10 @@
 """Qwen3 decoder blocks (q/k norm, GQA, SwiGLU) over a caller-owned static KV cache.
 
-The cache layout is `[2 (keys, values), rows, num_kv_heads, max_positions, head_dim]` per layer. A forward writes
-the new keys and values at the given per-row positions and attends to every cached key at a position ≤ the query's
-position, so a row's stale entries from an earlier occupant (positions beyond its own) are never seen. All shapes
-are static for a given (rows, tokens, attended length), which is what CUDA-graph capture needs.
+The PyTorch path's cache layout is `[2 (keys, values), rows, num_kv_heads, max_positions, head_dim]` per layer; the
+Triton decode path reads a paged one (`decode_kernels`: blocks of positions, a block table per row). A forward
+writes the new keys and values at the given per-row positions and attends to every cached key at a position ≤ the
+query's position, so a row's stale entries from an earlier occupant (positions beyond its own) are never seen. All
+shapes are static for a given (rows, tokens, attended length), which is what CUDA-graph capture needs.
 """
 
 from __future__ import annotations
@@ -170,18 +171,19 @@ class Qwen3DecoderLayer(nn.Module):
     def attention_and_mlp(self, x, q, kv, attend_mask, next_norm_weight: torch.Tensor):
         return self.output_and_mlp(x, self.self_attn.attend(q, kv, attend_mask), next_norm_weight)
 
-    def forward(self, x, normed, positions, kv_cache, attend_mask, next_norm_weight):
+    def forward(self, x, normed, positions, kv_cache, attend_mask, next_norm_weight, block_table=None):
         """`x`: the residual stream `[B, T, H]`; `normed`: it after this layer's input norm. Returns both for the
-        next layer (see `output_and_mlp`). `attend_mask` None: a decode step through the Triton kernels."""
+        next layer (see `output_and_mlp`). `attend_mask` None: a decode step through the Triton kernels, over the
+        paged `kv_cache` whose rows' blocks `block_table` lists."""
         if attend_mask is None:
-            return self._decode(x, normed, positions, kv_cache, next_norm_weight)
+            return self._decode(x, normed, positions, kv_cache, block_table, next_norm_weight)
         # The cache write sits between two cache-free halves: `optimize_for_decode` compiles the halves and the
         # in-place write stays one plain scatter into the caller's cache (no functionalised copy of it).
         q, kv = self.attention_inputs(normed, positions)
         kv_cache.scatter_(3, positions[None, :, None, :, None].expand_as(kv), kv)
         return self.attention_and_mlp(x, q, kv_cache[:, :, :, : attend_mask.shape[-1]], attend_mask, next_norm_weight)
 
-    def _decode(self, x, normed, positions, kv_cache, next_norm_weight):
+    def _decode(self, x, normed, positions, kv_cache, block_table, next_norm_weight):
         """`forward` for a decode step on CUDA: projection, then the two Triton kernels (norm, rotation and cache
         write; attention over the written positions), then the compiled output half."""
         attention, kernels = self.self_attn, self.decode_kernels
@@ -191,11 +193,13 @@ class Qwen3DecoderLayer(nn.Module):
             attention.k_norm.weight,
             positions,
             kv_cache,
+            block_table,
             attention.num_heads,
             attention.q_norm.eps,
             attention.rope_theta,
         )
-        return self.decode_output_and_mlp(x, kernels.decode_attention(queries, kv_cache, positions), next_norm_weight)
+        attended = kernels.decode_attention(queries, kv_cache, block_table, positions)
+        return self.decode_output_and_mlp(x, attended, next_norm_weight)
 
 
 class Qwen3DecoderStack(nn.Module):
@@ -210,23 +214,34 @@ class Qwen3DecoderStack(nn.Module):
         self.decode_kernels = None  # set by `optimize_for_decode` where the Triton decode kernels apply
 
     def forward(
-        self, inputs_embeds: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], attended_length: int
+        self,
+        inputs_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attended_length: int,
+        block_table: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the stack on `inputs_embeds [B, T, H]` at `positions [B, T]`; returns post-norm hidden `[B, T, H]`.
 
         `kv_caches[i]`: `[2, B, num_kv_heads, max_positions, head_dim]` (a view of the caller's cache rows). Keys at
         positions `< attended_length` are attended (causally); it must exceed every position. Decode steps through
-        the Triton kernels attend each row's written positions whatever `attended_length` says.
+        the Triton kernels (`uses_kernels`) take paged caches instead, `[2, blocks, num_kv_heads, block_size,
+        head_dim]` with `block_table [B, blocks per row]`, and attend each row's written positions whatever
+        `attended_length` says.
         """
         attend_mask = None
-        if self.decode_kernels is None or positions.shape[1] > self.decode_kernels.MAX_DECODE_TOKENS:
+        if not self.uses_kernels(positions.shape[1]):
             key_positions = torch.arange(attended_length, device=positions.device)
             attend_mask = key_positions[None, None, None, :] <= positions[:, None, :, None]
         x, normed = inputs_embeds, self.layers[0].input_layernorm(inputs_embeds)
         next_norms = [layer.input_layernorm.weight for layer in self.layers[1:]] + [self.norm.weight]
         for layer, kv_cache, next_norm_weight in zip(self.layers, kv_caches, next_norms, strict=True):
-            x, normed = layer(x, normed, positions, kv_cache, attend_mask, next_norm_weight)
+            x, normed = layer(x, normed, positions, kv_cache, attend_mask, next_norm_weight, block_table)
         return normed
+
+    def uses_kernels(self, num_tokens: int) -> bool:
+        """Whether a forward of `num_tokens` per row takes the Triton decode path (and so a paged cache)."""
+        return self.decode_kernels is not None and num_tokens <= self.decode_kernels.MAX_DECODE_TOKENS
 
     def optimize_for_decode(self) -> None:
         """Fuse projections and `torch.compile` what decode steps run (CUDA serving). Fusing element-wise work

@@ -66,12 +66,14 @@ class Qwen3TTSCodePredictor(nn.Module):
         """Talker-width embedding `[..., H]` of `codes [...]` of codebook `codebook` (1..15)."""
         return self.model.codec_embedding[codebook - 1](codes)
 
-    def forward(self, inputs_embeds, positions, kv_caches, head_index: int) -> torch.Tensor:
+    def forward(self, inputs_embeds, positions, kv_caches, head_index: int, block_table=None) -> torch.Tensor:
         """Logits `[B, 2048]` for codebook `head_index + 1` from `inputs_embeds [B, T, H_talker]` at `positions`.
 
-        The attended length is the whole predictor cache (`num_code_groups` positions), masked causally.
+        The attended length is the whole predictor cache (`num_code_groups` positions), masked causally; on the
+        Triton decode path the caches are paged (see `Qwen3DecoderStack.forward`).
         """
-        hidden = self.model(self.small_to_mtp_projection(inputs_embeds), positions, kv_caches, kv_caches[0].shape[3])
+        projected = self.small_to_mtp_projection(inputs_embeds)
+        hidden = self.model(projected, positions, kv_caches, kv_caches[0].shape[3], block_table)
         return self.lm_head[head_index](hidden[:, -1])
 
 
@@ -99,10 +101,10 @@ class Qwen3TTSTalker(nn.Module):
         parts += [self.code_predictor.embed(j, codes[..., j]) for j in range(1, codes.shape[-1])]
         return torch.stack(parts, dim=-2).sum(-2)
 
-    def forward(self, inputs_embeds, positions, kv_caches, attended_length: int):
+    def forward(self, inputs_embeds, positions, kv_caches, attended_length: int, block_table=None):
         """`inputs_embeds [B, T, H]` at `positions [B, T]` → (post-norm hidden `[B, T, H]`, logits of the last
-        position `[B, 3072]`)."""
-        hidden = self.model(inputs_embeds, positions, kv_caches, attended_length)
+        position `[B, 3072]`); caches as `Qwen3DecoderStack.forward` takes them."""
+        hidden = self.model(inputs_embeds, positions, kv_caches, attended_length, block_table)
         return hidden, self.codec_head(hidden[:, -1])
 
 
