@@ -77,7 +77,8 @@ def probe_checkpoint(checkpoint: str, reference: Path, settings: dict) -> dict:
     with safe_open(Path(checkpoint, "model.safetensors"), "pt") as weights:
         stored = weights.get_tensor("talker.codec_head.weight")
     loaded = model.model.talker.codec_head.weight.detach().cpu()
-    # qwen-tts fixes min_new_tokens at 2, so the length is capped here, not forced.
+    # qwen-tts fixes min_new_tokens at 2, so the length is capped here, not forced; seeded, so runs repeat.
+    torch.manual_seed(0)
     start = time.perf_counter()
     wavs, sample_rate_hz = model.generate_voice_clone(
         text=TEXT,
