@@ -2,19 +2,25 @@
 # Issue 18 and 20's GPU figures, one stage per call of the device tool (each stage ends well inside its 10-minute
 # limit). Run from a clean copy of the commit you quote; every result lands in OUT (JSON + PNG, commit recorded).
 #
-# Prepare here once:   ../shared/tools/device-wheels.sh          (wheels the GPU image lacks, into .whl)
-# Then on the device:  bash bench/gpu_wave.sh STAGE "$OUT"       (carry .whl)
+# Prepare here once:   ../shared/tools/device-wheels.sh               (wheels the GPU image lacks, into .whl)
+#                      bench/peers/make_env.sh --wheels .whl-peers   (the peers' wheels, for `peers`)
+#                      mkdir -p shared/tools && cp -r ../shared/tools/baselines shared/tools/   (reference loops;
+#                      a shared/ folder in the checkout travels to the device)
+# Then on the device:  CHORUS_COMMIT=<commit> bash bench/gpu_wave.sh STAGE "$OUT"   (carry .whl, .whl-peers)
 #   engines    talker 0.6B at batch 1/16/64/128/256 against the reference-style loop (1/16/64), 1.7B at 1/64, the
 #              vocoder bf16, the diffusion engine (compiled DiT, cuDNN attention) against diffusers' pipeline
 #   tts        the speech stack, both transports at concurrency 1, 16, 64, 256 (125 frames a request)
 #   formats    the speech stack, REST at 64 in mp3 and opus (compare with pcm at 64 from `tts`)
 #   sustained  the speech stack, REST at 64 for 1024 requests (steady quarters and memory per level)
 #   diffusion  the whole stack (`chorus up`), `chorus bench diffusion` at 1, 4, 8
+#   peers      faster-qwen3-tts and faster-qwen3-tts-batch in their own site, and our talker engine, on one random
+#              0.6B Base checkpoint in the official layout, x-vector voice clones of 125 frames (the peers' times
+#              include their codec decode; ours is the talker alone, the `tts` stage times the whole pipeline)
 # The speech stack: `chorus serve speech` (talker and vocoder in one process), 4 gateway workers, released shapes
 # with dummy weights in bf16, TALKER_SLOTS (256) talker streams sharing a KV pool of KV_POSITIONS (262144, 30 GB at
 # 0.6B) positions; each stream may still reach the default 4608 (256 × 4608 would take 135 GB).
 set -euo pipefail
-stage=${1:?usage: bench/gpu_wave.sh engines|tts|formats|sustained|diffusion OUT}
+stage=${1:?usage: bench/gpu_wave.sh engines|tts|formats|sustained|diffusion|peers OUT}
 out=${2:?usage: bench/gpu_wave.sh STAGE OUT}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -24,7 +30,8 @@ if [ -d .whl ] && [ ! -d /tmp/site/chorus ]; then  # the GPU image's packages pl
 fi
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONSAFEPATH=1
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
-label="${device:-CPU}, commit $(git rev-parse --short HEAD)"
+export CHORUS_COMMIT=${CHORUS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+label="${device:-CPU}, commit $CHORUS_COMMIT"
 logs=$(mktemp -d)
 
 # Each setting may be overridden from the environment (a CPU smoke run of the plumbing: tiny models, TTS_LEVELS=1,2).
@@ -74,6 +81,15 @@ case $stage in
   diffusion)
     start_stack
     chorus bench diffusion --out "$out" --label "$label"
+    ;;
+  peers)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/peers-site .whl-peers/*.whl
+    python3 bench/peers/write_checkpoint.py /tmp/ck-0.6b --size 0.6b
+    python3 -m chorus.talker.bench --size /tmp/ck-0.6b --voice-clone --batch-sizes 1,16,64 --skip-reference --out "$out"
+    for peer in faster-qwen3-tts faster-qwen3-tts-batch; do  # a peer that cannot run says why, in its JSON
+      python3 bench/peers/run_peer.py $peer --checkpoint /tmp/ck-0.6b --python python3 --pythonpath /tmp/peers-site \
+        --batch-sizes 1,4,16,32,64 --out "$out" --log "$out/$peer.log" --timeout-s 180 || true
+    done
     ;;
   *)
     echo "unknown stage $stage" >&2; exit 2

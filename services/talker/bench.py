@@ -25,7 +25,7 @@ import torch
 from chorus.bench.report import commit
 from chorus.bench_png import write_grouped_bars
 from chorus.talker.engine.engine import FRAME_RATE_HZ, EngineConfig, TalkerEngine
-from chorus.talker.loader import build_talker
+from chorus.talker.loader import RELEASED_CONFIGS, build_talker
 from chorus.talker.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,8 +46,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def _run_batch(engine: TalkerEngine, batch_size: int, num_frames: int, tag: str) -> dict:
-    voice = engine.voice_request("custom_voice", TEXT, speaker="ryan", language="english")
+def _voice(engine: TalkerEngine, voice_clone: bool):
+    """A named speaker, or an x-vector voice clone (a Base checkpoint's mode, the one the peers batch)."""
+    if voice_clone:
+        vector = torch.randn(engine.model_config.talker.hidden_size, generator=torch.Generator().manual_seed(5))
+        return engine.voice_request("voice_clone", TEXT, speaker_vector=vector, language="english")
+    return engine.voice_request("custom_voice", TEXT, speaker="ryan", language="english")
+
+
+def _run_batch(engine: TalkerEngine, batch_size: int, num_frames: int, tag: str, voice_clone: bool) -> dict:
+    voice = _voice(engine, voice_clone)
     device = engine.runner.device
     _sync(device)
     started = time.perf_counter()
@@ -75,7 +83,7 @@ def _run_batch(engine: TalkerEngine, batch_size: int, num_frames: int, tag: str)
 
 def measure_ours(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> list[dict]:
     with tempfile.TemporaryDirectory() as workdir:
-        load_format = "auto" if args.size == "tiny" else "dummy"
+        load_format = "dummy" if args.size in RELEASED_CONFIGS else "auto"
         loaded = build_talker(args.size, load_format, device, dtype, Path(workdir))
     results = []
     for batch_size in args.batch_sizes:
@@ -91,8 +99,8 @@ def measure_ours(args: argparse.Namespace, device: torch.device, dtype: torch.dt
         engine = TalkerEngine(loaded, config)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        _run_batch(engine, batch_size, min(args.frames, 8), "warmup")  # graph capture, allocator warm-up
-        result = _run_batch(engine, batch_size, args.frames, "run")
+        _run_batch(engine, batch_size, min(args.frames, 8), "warmup", args.voice_clone)  # graphs, allocator
+        result = _run_batch(engine, batch_size, args.frames, "run", args.voice_clone)
         if device.type == "cuda":
             result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
             if engine.runner.graphs is not None:
@@ -133,7 +141,13 @@ def check_targets(ours: list[dict]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m chorus.talker.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--size", default="0.6b", choices=("0.6b", "1.7b", "tiny"))
+    parser.add_argument(
+        "--size",
+        default="0.6b",
+        help="0.6b or 1.7b (dummy weights), tiny, or a checkpoint folder (random weights "
+        "written by bench/peers/write_checkpoint.py: the peers' checkpoint)",
+    )
+    parser.add_argument("--voice-clone", action="store_true", help="x-vector voice-clone requests (Base checkpoints)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--batch-sizes", default="1,16,64", type=lambda text: [int(v) for v in text.split(",")])
@@ -153,6 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "settings": {
             "size": args.size,
+            "requests": "x-vector voice clone" if args.voice_clone else "custom voice",
             "dtype": args.dtype,
             "frames_per_request": args.frames,
             "cuda_graphs": not args.eager and device.type == "cuda",
