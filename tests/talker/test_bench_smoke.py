@@ -42,3 +42,12 @@ def test_targets_are_issue_18s_and_checked_against_their_batch_size():
     checks = [(c["batch_size"], c["metric"], c["bound"], c["met"]) for c in check_targets(ours)]
     assert checks == [(1, "ms_per_frame_step", 3.5, True), (64, "audio_s_per_s", 1200.0, False)]
     assert check_targets(ours[1:2]) == []
+
+
+def test_bench_loads_a_checkpoint_folder_with_voice_clone_requests(tiny_folder, tmp_path):
+    """The peers' comparison: our engine on the folder they load, with the x-vector clones they run."""
+    argv = ["--size", str(tiny_folder), "--device", "cpu", "--dtype", "float32", "--batch-sizes", "2", "--frames", "4",
+            "--skip-reference", "--voice-clone", "--out", str(tmp_path)]  # fmt: skip
+    report = main(argv)
+    assert report["settings"]["requests"] == "x-vector voice clone" and report["targets"] == []
+    assert report["ours"][0]["audio_s_per_s"] > 0
