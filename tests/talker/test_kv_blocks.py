@@ -11,6 +11,7 @@ import torch
 from chorus.talker.engine.engine import EngineConfig, TalkerEngine
 from chorus.talker.engine.kv_blocks import BLOCK_SIZE, SPARE_BLOCK, KVBlocks
 from chorus.talker.engine.request import FinishReason
+from chorus.talker.metrics import TalkerCollector
 from chorus.talker.sampling import SamplingParams
 
 MAX_POSITIONS = 3 * BLOCK_SIZE
@@ -91,3 +92,6 @@ def test_streams_preempted_for_kv_blocks_resume_with_the_codes_of_an_undisturbed
         np.testing.assert_array_equal(got[name][0], frames, err_msg=name)
         assert got[name][1] is reason, name
     assert small.kv_blocks.num_free == small.kv_blocks.num_blocks - 1  # every block back once all ended
+    scraped = {metric.name: metric.samples[0].value for metric in TalkerCollector(small).collect()}
+    assert scraped["chorus_talker_preemptions"] == small.stats.preemptions
+    assert scraped["chorus_talker_kv_free_blocks"] == small.kv_blocks.num_free
