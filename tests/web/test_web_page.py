@@ -8,8 +8,10 @@ requests).
 
 from __future__ import annotations
 
+import math
 import time
 import wave
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +56,16 @@ def wait_for_state(page, condition: str) -> dict:
     return current
 
 
+def js_round(value: float) -> int:
+    """`Math.round`: halves go up (Python's `round` goes to even: 128.5 → 128 where the page shows 129)."""
+    return math.floor(value + 0.5)
+
+
+def js_fixed(value: float, digits: int = 2) -> str:
+    """`Number.prototype.toFixed`: the double's exact decimal value, halves up."""
+    return str(Decimal(value).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+
+
 def assert_clean(page) -> None:
     assert page.log.problems == []
 
@@ -91,7 +103,7 @@ def test_streamed_speech_plays_while_it_arrives(page):
     assert done["playingBeforeStreamEnd"] is True  # Web Audio began before the last byte came
     assert 0 < done["firstAudioMs"] < 10_000 and done["realTimeFactor"] > 0
     metrics = page.locator("#speech-result .metrics").inner_text()
-    assert f"{round(done['firstAudioMs'])} ms" in metrics and f"{done['realTimeFactor']:.2f}" in metrics
+    assert f"{js_round(done['firstAudioMs'])} ms" in metrics and f"{js_fixed(done['realTimeFactor'])}" in metrics
     assert page.locator("#speech-result a[download]").get_attribute("download").endswith(".wav")
     assert_clean(page)
 
