@@ -7,6 +7,8 @@
 #                      mkdir -p shared/tools && cp -r ../shared/tools/baselines shared/tools/   (reference loops;
 #                      a shared/ folder in the checkout travels to the device)
 # Then on the device:  CHORUS_COMMIT=<commit> bash bench/gpu_wave.sh STAGE "$OUT"   (carry .whl, .whl-peers)
+#   tests      the GPU tests first (kernels, graphs, resume, compiled paths; the paged KV cache is new since the
+#              last GPU run), then the decode kernels' and KV pool tests, which are not marked gpu
 #   engines    talker 0.6B at batch 1/16/64/128/256 against the reference-style loop (1/16/64), 1.7B at 1/64, the
 #              vocoder bf16, the diffusion engine (compiled DiT, cuDNN attention) against diffusers' pipeline
 #   tts        the speech stack, both transports at concurrency 1, 16, 64, 256 (125 frames a request)
@@ -20,7 +22,7 @@
 # with dummy weights in bf16, TALKER_SLOTS (256) talker streams sharing a KV pool of KV_POSITIONS (262144, 30 GB at
 # 0.6B) positions; each stream may still reach the default 4608 (256 × 4608 would take 135 GB).
 set -euo pipefail
-stage=${1:?usage: bench/gpu_wave.sh engines|tts|formats|sustained|diffusion|peers OUT}
+stage=${1:?usage: bench/gpu_wave.sh tests|engines|tts|formats|sustained|diffusion|peers OUT}
 out=${2:?usage: bench/gpu_wave.sh STAGE OUT}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -60,6 +62,14 @@ bench_tts() {
 }
 
 case $stage in
+  tests)
+    status=0
+    python3 -m pytest -q -m gpu tests/talker tests/vocoder tests/runtime tests/diffusion \
+      --ignore=tests/diffusion/parallel 2>&1 | tee "$out/gpu-tests.log" || status=1
+    python3 -m pytest -q tests/talker/test_decode_kernels.py tests/talker/test_kv_blocks.py 2>&1 \
+      | tee -a "$out/gpu-tests.log" || status=1
+    exit $status
+    ;;
   engines)
     python3 -m chorus.talker.bench --size 0.6b --batch-sizes 1,16,64,128,256 --out "$out"
     python3 -m chorus.talker.bench --size 1.7b --batch-sizes 1,64 --skip-reference --out "$out"
