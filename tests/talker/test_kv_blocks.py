@@ -95,3 +95,34 @@ def test_streams_preempted_for_kv_blocks_resume_with_the_codes_of_an_undisturbed
     scraped = {metric.name: metric.samples[0].value for metric in TalkerCollector(small).collect()}
     assert scraped["chorus_talker_preemptions"] == small.stats.preemptions
     assert scraped["chorus_talker_kv_free_blocks"] == small.kv_blocks.num_free
+
+
+def test_a_step_that_fails_after_a_preemption_ends_the_preempted_stream_too(tiny_loaded, monkeypatch):
+    """A stream preempted while its last frame was on the device is queued again only when that frame is read; a
+    step failing in between must end it with the error like the running ones, not leave it waiting forever."""
+    engine = _engine(tiny_loaded, kv_cache_positions=2 * MAX_POSITIONS)
+    streams = [
+        engine.submit(str(seed), engine.voice_request("custom_voice", "Hello there.", speaker="ryan"),
+                      SamplingParams(seed=seed), FRAMES, ignore_eos=True)
+        for seed in range(4)
+    ]  # fmt: skip
+    launch = engine.runner.launch
+
+    def launch_until_a_preemption(*args, **kwargs):
+        if engine.stats.preemptions:
+            monkeypatch.setattr(engine.runner, "launch", launch)  # the device is back for the steps after
+            raise RuntimeError("device lost")
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "launch", launch_until_a_preemption)
+    for _ in range(2000):
+        try:
+            engine.step()
+        except RuntimeError as error:
+            engine._fail_running(error)  # what the engine thread's loop does
+            break
+    else:
+        pytest.fail("no preemption happened")
+    engine.run_until_idle()
+    assert all(stream.finish_reason is not None for stream in streams)
+    assert any(stream.finish_reason is FinishReason.ERROR for stream in streams)

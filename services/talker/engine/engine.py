@@ -359,9 +359,15 @@ class TalkerEngine:
                 return
 
     def _fail_running(self, error: Exception) -> None:
-        """A step raised (device error, out of memory): end every running request with an error."""
-        self._in_flight = None
-        for request in list(self.scheduler.running.values()):
+        """A step raised (device error, out of memory): end every running request with an error, and every request
+        preempted in that step whose last frame was still on the device (`_collect` would have queued it again)."""
+        in_flight, self._in_flight = self._in_flight, None
+        stranded = [
+            request
+            for request in (in_flight[1] if in_flight else [])
+            if request.status is Status.WAITING and request not in self.scheduler.waiting
+        ]
+        for request in [*self.scheduler.running.values(), *stranded]:
             self._finish(request, FinishReason.ERROR, f"talker step failed: {type(error).__name__}: {error}")
 
     def _apply_commands(self) -> None:
