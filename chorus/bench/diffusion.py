@@ -23,6 +23,7 @@ import httpx
 from chorus.bench.breakdown import Skipped, local_pids, metrics_url, parse_metrics
 from chorus.bench.local_processes import is_local, listeners
 from chorus.bench.prompts import AUDIO
+from chorus.bench.report import checked
 
 MIB = 2**20
 PEAK_GAUGES = {
@@ -179,10 +180,8 @@ def check_targets(levels: list[dict]) -> list[dict]:
     checks = []
     for concurrency, path, bound in TARGETS:
         for level in (level for level in levels if level["concurrency"] == concurrency):
-            value = level
-            for key in path:
-                value = value[key]
-            met = level["completed"] == concurrency and value is not None and value <= bound
+            value, met = checked(level, path, bound, "max")
+            met = met and level["completed"] == concurrency
             checks.append({"concurrency": concurrency, "metric": ".".join(path), "value": value, "bound": bound,
                            "kind": "max", "met": met})  # fmt: skip
     return checks

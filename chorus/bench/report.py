@@ -38,6 +38,14 @@ class Progress:
         print(f"{end}  {self.name}: " + json.dumps(level), file=self.stream, flush=True)
 
 
+def checked(row: dict, path: tuple[str, ...], bound: float, kind: str) -> tuple[object, bool]:
+    """The value at `path` in a result `row` and whether it meets `bound`, a "max" or a "min" (None meets none)."""
+    value = row
+    for key in path:
+        value = value[key]
+    return value, value is not None and (value <= bound if kind == "max" else value >= bound)
+
+
 def commit() -> str:
     """The commit measured: CHORUS_COMMIT where set (the GPU machine gets a copy of the tree without its history),
     else the checkout's."""

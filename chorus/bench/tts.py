@@ -24,6 +24,7 @@ from chorus.bench.breakdown import StepBreakdown
 from chorus.bench.chaos import Chaos
 from chorus.bench.metrics import RequestTiming, steady_quarters, summarize
 from chorus.bench.prompts import SPEECH
+from chorus.bench.report import checked
 from chorus.client.grpc_client import FORMATS
 from chorus.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -202,11 +203,7 @@ def check_targets(levels: list[dict]) -> list[dict]:
     checks = []
     for concurrency, path, bound, kind in TARGETS:
         for level in (level for level in levels if level["concurrency"] == concurrency):
-            value = level
-            for key in path:
-                value = value[key]
-            met = value is not None and (value <= bound if kind == "max" else value >= bound)
-            name = ".".join(path)
-            checks.append({"transport": level["transport"], "concurrency": concurrency, "metric": name,
+            value, met = checked(level, path, bound, kind)
+            checks.append({"transport": level["transport"], "concurrency": concurrency, "metric": ".".join(path),
                            "value": value, "bound": bound, "kind": kind, "met": met})  # fmt: skip
     return checks

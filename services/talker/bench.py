@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from chorus.bench.report import commit
+from chorus.bench.report import checked, commit
 from chorus.bench_png import write_grouped_bars
 from chorus.talker.engine.engine import FRAME_RATE_HZ, EngineConfig, TalkerEngine
 from chorus.talker.loader import RELEASED_CONFIGS, build_talker
@@ -132,8 +132,7 @@ def check_targets(ours: list[dict]) -> list[dict]:
     checks = []
     for batch_size, metric, bound, kind in TARGETS:
         for row in (row for row in ours if row["batch_size"] == batch_size):
-            value = row[metric]
-            met = value <= bound if kind == "max" else value >= bound
+            value, met = checked(row, (metric,), bound, kind)
             checks.append({"batch_size": batch_size, "metric": metric, "value": value, "bound": bound, "kind": kind,
                            "met": met})  # fmt: skip
     return checks
