@@ -5,11 +5,13 @@ with `--no-breakdown`). With `--chaos N` a talker or vocoder replica is killed e
 
 `--format` picks the response format (pcm by default). PCM bytes are audio seconds as they arrive; an encoded
 response's seconds are known once it is complete (its packets' durations, read without decoding), and each piece
-of it is credited its share of them by size, which is exact for constant-bitrate streams and close for others."""
+of it is credited the packets it made playable; TTFP and the simulated player start at the first piece with audio,
+not at a container header."""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import io
 import itertools
@@ -51,33 +53,43 @@ class Response:
         self.encoded = bytearray()
 
     def arrived(self, data: bytes) -> None:
-        if not data:
-            return
-        now = time.perf_counter()
-        if self.timing.first_audio_at is None:
-            self.timing.first_audio_at = now
-        self.pieces.append((now, len(data)))
-        if self.response_format != "pcm":
-            self.encoded += data
+        if data:
+            self.pieces.append((time.perf_counter(), len(data)))
+            if self.response_format != "pcm":
+                self.encoded += data
 
     async def finish(self, error: str | None = None) -> RequestTiming:
         self.timing.finished_at = time.perf_counter()
         self.timing.error = error
         if error is None and self.pieces:
             if self.response_format == "pcm":
-                seconds_per_byte = 1 / BYTES_PER_SECOND
+                seconds = [num_bytes / BYTES_PER_SECOND for _, num_bytes in self.pieces]
             else:  # off the event loop: the other requests' arrivals are being timed on it
-                seconds_per_byte = await asyncio.to_thread(encoded_duration_s, bytes(self.encoded)) / len(self.encoded)
-            self.timing.arrivals = [(at, num_bytes * seconds_per_byte) for at, num_bytes in self.pieces]
+                sizes = [num_bytes for _, num_bytes in self.pieces]
+                seconds = await asyncio.to_thread(seconds_per_piece, bytes(self.encoded), sizes)
+            # A piece without audio (a container header) is not audio: TTFP and the player start at the first with.
+            self.timing.arrivals = [(at, s) for (at, _), s in zip(self.pieces, seconds, strict=True) if s > 0]
+            if self.timing.arrivals:
+                self.timing.first_audio_at = self.timing.arrivals[0][0]
         return self.timing
 
 
-def encoded_duration_s(data: bytes) -> float:
-    """Seconds of audio in a complete encoded file, from its packets' durations (no decoding)."""
+def seconds_per_piece(data: bytes, sizes: list[int]) -> list[float]:
+    """Seconds of audio each piece of a complete encoded file (`data`, arrived in pieces of `sizes` bytes) made
+    playable, from its packets' durations (no decoding). A packet is playable once the bytes up to the next
+    packet's start have arrived: in Ogg that is the end of its page, which a player needs whole."""
     with av.open(io.BytesIO(data)) as container:
         stream = container.streams.audio[0]
-        ticks = sum(packet.duration or 0 for packet in container.demux(stream))
-        return float(ticks * stream.time_base)
+        packets = [(packet.pos, packet.size, packet.duration or 0) for packet in container.demux(stream) if packet.size]
+        time_base = float(stream.time_base)
+    starts = sorted({pos for pos, _, _ in packets})
+    piece_ends = list(itertools.accumulate(sizes))
+    seconds = [0.0] * len(sizes)
+    for pos, size, duration in packets:
+        following = bisect.bisect_right(starts, pos)
+        playable_at = max(pos + size, starts[following] if following < len(starts) else len(data))
+        seconds[bisect.bisect_left(piece_ends, playable_at)] += duration * time_base
+    return seconds
 
 
 async def rest_request(session: aiohttp.ClientSession, body: dict) -> RequestTiming:

@@ -114,7 +114,9 @@ async def test_bench_tts_times_encoded_formats_by_their_duration(start_gateway, 
         assert level["completed"] == 2 and not level["errors"], level
         # Encoders pad to whole frames (mp3: 1152 samples, opus: 20 ms) and add their priming delay.
         assert level["audio_s"] == pytest.approx(2 * 9 * FRAME_S, abs=2 * 0.1), "seconds from the packets"
-        assert level["underrun_events"] == 0
+        assert 0 < level["ttfp_ms"]["p50"] <= level["latency_ms"]["p50"]
+        # Underruns are not asserted: whether this CPU keeps up with real time is not what is tested here (how
+        # each piece is credited is, in test_bench_encoded_timing.py).
 
 
 async def test_bench_diffusion_runs_concurrent_requests(start_gateway, redis_url, tmp_path):
