@@ -6,7 +6,8 @@
 #                      bench/peers/make_env.sh --wheels .whl-peers   (the peers' wheels, for `peers`)
 #                      mkdir -p shared/tools && cp -r ../shared/tools/baselines shared/tools/   (reference loops;
 #                      a shared/ folder in the checkout travels to the device)
-# Then on the device:  CHORUS_COMMIT=<commit> bash bench/gpu_wave.sh STAGE "$OUT"   (carry .whl, .whl-peers)
+# Then on the device:  CHORUS_COMMIT=<commit> bash bench/gpu_wave.sh STAGE "$OUT"   (carry .whl; for `peers`, carry
+#                      .whl-peers alone: both exceed the device tool's 64 MiB)
 #   tests      the GPU tests first (kernels, graphs, resume, compiled paths; the paged KV cache is new since the
 #              last GPU run), then the decode kernels' and KV pool tests, which are not marked gpu
 #   engines    talker 0.6B at batch 1/16/64/128/256 against the reference-style loop (1/16/64), 1.7B at 1/64, the
@@ -26,8 +27,10 @@ stage=${1:?usage: bench/gpu_wave.sh tests|engines|tts|formats|sustained|diffusio
 out=${2:?usage: bench/gpu_wave.sh STAGE OUT}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-if [ -d .whl ] && [ ! -d /tmp/site/chorus ]; then  # the GPU image's packages plus the wheels it lacks
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+if [ ! -d /tmp/site/chorus ]; then  # the GPU image's packages plus the wheels it lacks (the peers stage needs none)
+  if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  fi
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site .
 fi
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONSAFEPATH=1
