@@ -34,6 +34,7 @@ if [ ! -d /tmp/site/chorus ]; then  # the GPU image's packages plus the wheels i
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site .
 fi
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONSAFEPATH=1
+chorus() { python3 -c "import sys; from chorus.cli import main; sys.exit(main())" "$@"; }  # pip --target may skip bin/
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
 export CHORUS_COMMIT=${CHORUS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 label="${device:-CPU}, commit $CHORUS_COMMIT"
