@@ -66,10 +66,14 @@ def test_compiled_layers_match_plain_modules():
             prompt = torch.randn(3, 20, block.hidden_size, device="cuda", generator=generator)
             positions = torch.arange(20, device="cuda")[None].expand(3, 20).contiguous()
             outputs.append(stack(prompt, positions, list(cache), 64))
+            block_table = None
+            if stack.uses_kernels(1):  # decode steps read a paged cache: row b's 64 positions in block b + 1
+                cache = torch.cat([torch.zeros_like(cache[:, :, :1]), cache], dim=2)
+                block_table = torch.arange(1, 4, device="cuda", dtype=torch.int32)[:, None]
             for step in range(20, 24):  # decode steps over the prefilled cache
                 token = torch.randn(3, 1, block.hidden_size, device="cuda", generator=generator)
                 positions = torch.full((3, 1), step, device="cuda")
-                outputs.append(stack(token, positions, list(cache), 64))
+                outputs.append(stack(token, positions, list(cache), 64, block_table))
         results.append(outputs)
     for plain, compiled in zip(*results, strict=True):
         torch.testing.assert_close(compiled, plain, atol=1e-4, rtol=1e-4)
