@@ -29,11 +29,12 @@ from chorus.talker.loader import RELEASED_CONFIGS, build_talker
 from chorus.talker.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
-# The shared tools sit beside the checkout here and inside it on the GPU machine.
+# The shared tools sit beside the checkout here and inside it on the GPU machine, where the package may be
+# installed outside the checkout (run from its root).
 BASELINE_SCRIPT = next(
     (
         root / "shared/tools/baselines/talker_baseline.py"
-        for root in (REPO, REPO.parent)
+        for root in (REPO, REPO.parent, Path.cwd())
         if (root / "shared/tools/baselines/talker_baseline.py").exists()
     ),
     REPO.parent / "shared/tools/baselines/talker_baseline.py",
