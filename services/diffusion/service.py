@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import grpc
@@ -10,6 +11,7 @@ import grpc
 from chorus.diffusion import metrics
 from chorus.diffusion.config import DiffusionConfig
 from chorus.diffusion.engine.engine import DiffusionEngine, StepStats
+from chorus.diffusion.engine.request import Finished, FinishReason, validate_request
 from chorus.diffusion.loader import load_models
 from chorus.diffusion.parallel.group import ParallelGroup, rank_device
 from chorus.diffusion.wire import generation_request, output_messages
@@ -18,10 +20,11 @@ from chorus.runtime.host import Service
 from chorus.runtime.logs import request_id_var
 from chorus.v1 import common_pb2, diffusion_pb2_grpc
 
+logger = logging.getLogger(__name__)
 
-def _record_step(stats: StepStats) -> None:
-    metrics.STEP_SECONDS.observe(stats.step_time_s)
-    metrics.BATCH_SIZE.observe(stats.num_samples)
+# Steps of the start-up generation: a first, a second-order and a last step are all the sampler does
+# differently, and the DiT's graphs are captured already, so more steps would only add start-up time.
+WARMUP_NUM_STEPS = 3
 
 
 class DiffusionServicer(diffusion_pb2_grpc.DiffusionServicer):
@@ -65,10 +68,34 @@ class DiffusionService(Service):
 
     async def start(self) -> None:
         # Loading and CUDA-graph capture block: run them off the loop so health answers NOT_SERVING meanwhile.
-        self.engine = await asyncio.to_thread(self._build_engine)
-        self.engine.start()
+        engine = await asyncio.to_thread(self._build_engine)
+        engine.start()
+        await self._warm_up(engine)
+        self.engine = engine  # Generate and GetLoad answer Unavailable until here
         metrics.QUEUE_DEPTH.set_function(lambda: self.engine.load().queue_depth)
         metrics.LIVE_REQUESTS.set_function(lambda: self.engine.load().num_live_requests)
+
+    async def _warm_up(self, engine: DiffusionEngine) -> None:
+        """Runs one generation at a default request's shapes (prompt with CFG, default duration, so the VAE
+        decodes a default request's latent length) with few steps, so that first-call costs (cuDNN autotune,
+        lazy CUDA and allocator init, the T5 and VAE first calls, compiled code's first runs) are paid here and
+        not by the first client: on an H100 without it, the first request's admission to first step took 584 ms,
+        later ones' 39-97 ms. It goes through the engine like a request, so in parallel mode the workers take its
+        steps with rank 0 as they do any request's."""
+        started_s = time.perf_counter()
+        request = validate_request(
+            engine.limits, request_id="warm-up", prompt="warm-up", num_steps=WARMUP_NUM_STEPS, seed=0
+        )
+        async for event in engine.generate(request):
+            if isinstance(event, Finished) and event.reason is not FinishReason.COMPLETE:
+                raise RuntimeError(f"warm-up generation failed: {event.error_code} {event.error_message}")
+        logger.info("warm-up generation took %.2f s", time.perf_counter() - started_s)
+
+    def _record_step(self, stats: StepStats) -> None:
+        if self.engine is None:  # a step of the warm-up generation, not of a client's request
+            return
+        metrics.STEP_SECONDS.observe(stats.step_time_s)
+        metrics.BATCH_SIZE.observe(stats.num_samples)
 
     def _build_engine(self) -> DiffusionEngine:
         config = self.config
@@ -86,7 +113,7 @@ class DiffusionService(Service):
                 default_num_steps=config.default_num_steps,
                 default_guidance_scale=config.default_guidance_scale,
                 denoiser=self.parallel_group.denoiser,
-                on_step=_record_step,
+                on_step=self._record_step,
             )
         return DiffusionEngine(
             models,
@@ -99,7 +126,7 @@ class DiffusionService(Service):
             compile_dit=config.compile_dit,
             compile_mode=config.compile_mode,
             attention_backend=config.attention_backend,
-            on_step=_record_step,
+            on_step=self._record_step,
         )
 
     async def close(self) -> None:

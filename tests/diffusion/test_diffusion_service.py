@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import grpc
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 from chorus.diffusion.config import DiffusionConfig
 from chorus.diffusion.service import DiffusionService
@@ -24,6 +26,25 @@ async def diffusion():
     async with grpc.aio.insecure_channel(f"127.0.0.1:{host.port}") as channel:
         yield diffusion_pb2_grpc.DiffusionStub(channel), service
     await host.stop()
+
+
+async def test_a_warm_up_generation_runs_before_serving_and_leaves_the_engine_idle(caplog):
+    caplog.set_level(logging.INFO)
+    steps_before = REGISTRY.get_sample_value("chorus_diffusion_step_seconds_count") or 0.0
+    config = DiffusionConfig(device="cpu", metrics_port=-1, grace_s=1.0)
+    host = ServiceHost(config, DiffusionService(config))
+    await host.start()
+    try:
+        messages = [record.getMessage() for record in caplog.records]
+        warm_up = [i for i, message in enumerate(messages) if message.startswith("warm-up generation took")]
+        assert len(warm_up) == 1 and warm_up[0] < messages.index("diffusion is SERVING")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{host.port}") as channel:
+            load = await diffusion_pb2_grpc.DiffusionStub(channel).GetLoad(common_pb2.GetLoadRequest())
+        assert (load.live_streams, load.queue_depth, load.free_slots) == (0, 0, config.max_batch_size)
+        steps_after = REGISTRY.get_sample_value("chorus_diffusion_step_seconds_count") or 0.0
+        assert steps_after == steps_before, "the warm-up's steps count in the step metrics as a client's"
+    finally:
+        await host.stop()
 
 
 async def generate(stub, **fields):
