@@ -3,11 +3,12 @@
 # limit). Run from a clean copy of the commit you quote; every result lands in OUT (JSON + PNG, commit recorded).
 #
 # Prepare here once:   ../shared/tools/device-wheels.sh               (wheels the GPU image lacks, into .whl)
-#                      bench/peers/make_env.sh --wheels .whl-peers   (the peers' wheels, for `peers`)
+#                      bench/peers/make_env.sh --wheels .whl-peers   (the peers' wheels, for `peers`: two sets,
+#                      bench/peers/make_env.sh --hf4 --wheels .whl-peers-hf4   the batch peer's on transformers 4)
 #                      mkdir -p shared/tools && cp -r ../shared/tools/baselines shared/tools/   (reference loops;
 #                      a shared/ folder in the checkout travels to the device)
 # Then on the device:  CHORUS_COMMIT=<commit> bash bench/gpu_wave.sh STAGE "$OUT"   (carry .whl; for `peers`, carry
-#                      .whl-peers alone: both exceed the device tool's 64 MiB)
+#                      .whl-peers and .whl-peers-hf4 alone, ~33 MiB: with .whl they exceed the device tool's 64 MiB)
 #   tests      the GPU tests first (kernels, graphs, resume, compiled paths; the paged KV cache is new since the
 #              last GPU run), then the decode kernels' and KV pool tests, which are not marked gpu
 #   engines    talker 0.6B at batch 1/16/64/128/256 against the reference-style loop (1/16/64), 1.7B at 1/64, the
@@ -97,11 +98,15 @@ case $stage in
     chorus bench diffusion --out "$out" --label "$label"
     ;;
   peers)
+    # Two sites: faster-qwen3-tts on transformers 5.16.1, the batch peer on transformers 4.57.3 (bench/peers/README.md).
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/peers-site .whl-peers/*.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/peers-hf4-site \
+      .whl-peers-hf4/*.whl
     python3 bench/peers/write_checkpoint.py /tmp/ck-0.6b --size 0.6b
     python3 -m chorus.talker.bench --size /tmp/ck-0.6b --voice-clone --batch-sizes 1,16,64 --skip-reference --out "$out"
     for peer in faster-qwen3-tts faster-qwen3-tts-batch; do  # a peer that cannot run says why, in its JSON
-      python3 bench/peers/run_peer.py $peer --checkpoint /tmp/ck-0.6b --python python3 --pythonpath /tmp/peers-site \
+      site=/tmp/peers-site; [ $peer = faster-qwen3-tts-batch ] && site=/tmp/peers-hf4-site
+      python3 bench/peers/run_peer.py $peer --checkpoint /tmp/ck-0.6b --python python3 --pythonpath $site \
         --batch-sizes 1,4,16,32,64 --out "$out" --log "$out/$peer.log" --timeout-s 180 || true
     done
     ;;

@@ -2,7 +2,7 @@
 
 Usage: peer_worker.py PEER CHECKPOINT OUT_JSON SETTINGS_JSON. Writes OUT_JSON in every case: the stages it
 passed, the timings, and on failure `failed_stage` + a one-line `reason`. Imports only the peer's environment
-(faster-qwen3-tts, qwen-tts-hf, torch), so it must not import chorus.
+(faster-qwen3-tts, qwen-tts-hf or for the batch peer qwen-tts, torch), so it must not import chorus.
 
 Every request is an x-vector voice clone of the same 3 s reference: the one mode both peers serve
 (faster-qwen3-tts-batch only batches voice clones). Length is forced with min_new_tokens = max_new_tokens, so
@@ -64,7 +64,7 @@ def num_frames(audio) -> float:
 
 
 def probe_checkpoint(checkpoint: str, reference: Path, settings: dict) -> dict:
-    """Load the checkpoint with the peer's model code (qwen-tts-hf, eager transformers generate) and synthesize
+    """Load the checkpoint with the peer's model code (qwen-tts(-hf), eager transformers generate) and synthesize
     once. Shows the checkpoint and offline loading work in the peer's env even where its engine cannot run."""
     from qwen_tts import Qwen3TTSModel
 
@@ -89,7 +89,7 @@ def probe_checkpoint(checkpoint: str, reference: Path, settings: dict) -> dict:
     )
     wall_s = time.perf_counter() - start
     return {
-        "what": "qwen-tts-hf eager generate (the peers' model code, not their engine)",
+        "what": "qwen_tts eager generate (the peer's model code, not its engine)",
         "load_s": round(load_s, 2),
         "weights_match_file": bool(torch.equal(loaded, stored.to(loaded.dtype))),
         "num_frames": num_frames(wavs[0]),
@@ -187,6 +187,13 @@ def time_batches(base, reference: Path, settings: dict) -> list[dict]:
     return rows
 
 
+def installed_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def run(peer: str, checkpoint: str, settings: dict, report: dict) -> None:
     report["stages"] = []
 
@@ -203,10 +210,9 @@ def run(peer: str, checkpoint: str, settings: dict, report: dict) -> None:
     stage("import", lambda: importlib.import_module(module))
     import faster_qwen3_tts
 
-    report["versions"] = {
-        name: metadata.version(name)
-        for name in ("faster-qwen3-tts", "faster-qwen3-tts-batch", "qwen-tts-hf", "transformers", "torch")
-    }
+    # Each peer's env holds one of qwen-tts-hf (faster-qwen3-tts) and qwen-tts (the batch peer's transformers-4 set).
+    names = ("faster-qwen3-tts", "faster-qwen3-tts-batch", "qwen-tts-hf", "qwen-tts", "transformers", "torch")
+    report["versions"] = {name: installed_version(name) for name in names if installed_version(name)}
     device = settings["device"]
     report["device"] = (
         torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)"

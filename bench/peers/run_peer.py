@@ -1,11 +1,13 @@
 """Runs one peer engine, in its own environment, on a local checkpoint and writes `peers-<peer>-<stamp>.json`.
 
 Usage (Chorus's Python; the peer runs as a subprocess of PYTHON, like the parity tests run qwen-tts):
-  python bench/peers/run_peer.py PEER --checkpoint DIR [--python .venv-peers/bin/python] [--device cuda]
+  python bench/peers/run_peer.py PEER --checkpoint DIR [--python PEER_ENV/bin/python] [--device cuda]
          [--batch-sizes 1,4,16,32] [--frames 125] [--repeats 3] [--out bench/results]
   python bench/peers/run_peer.py PEER --write-tiny ...    # CPU dry run: writes the tiny checkpoint first
 
 PEER: faster-qwen3-tts (CUDA graphs, one request at a time) or faster-qwen3-tts-batch (batched CUDA graphs).
+Each has its own env (bench/peers/make_env.sh): .venv-peers (transformers 5) and .venv-peers-hf4 (transformers 4,
+whose cache API the batch engine calls); PEER_ENV defaults to the peer's.
 The subprocess runs with HF_HUB_OFFLINE=1 and TRANSFORMERS_OFFLINE=1, so a peer that wants the hub fails here
 as it would on the offline GPU machine. Exit status 0 when the peer was timed, 3 with a one-line reason (also
 in the JSON's `reason`) when it cannot load the checkpoint or run offline on this device.
@@ -24,7 +26,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-PEERS = ("faster-qwen3-tts", "faster-qwen3-tts-batch")
+# Each peer's env and the make_env.sh call that builds it: the batch engine needs transformers 4 (see make_env.sh).
+PEER_ENVS = {
+    "faster-qwen3-tts": (".venv-peers", "bench/peers/make_env.sh"),
+    "faster-qwen3-tts-batch": (".venv-peers-hf4", "bench/peers/make_env.sh --hf4"),
+}
+PEERS = tuple(PEER_ENVS)
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 CANNOT_RUN = 3
 
@@ -84,7 +91,7 @@ def main() -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", type=Path, help="official-layout folder (bench/peers/write_checkpoint.py)")
     source.add_argument("--write-tiny", action="store_true", help="write the tiny checkpoint to a temp dir first")
-    parser.add_argument("--python", default=str(REPO / ".venv-peers" / "bin" / "python"), help="the peer env's Python")
+    parser.add_argument("--python", default="", help="the peer env's Python (default: PEER_ENVS[peer]/bin/python)")
     parser.add_argument("--pythonpath", default="", help="PYTHONPATH for the peer (its --target site on the GPU box)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
@@ -96,8 +103,10 @@ def main() -> int:
     parser.add_argument("--log", default="", help="file for the worker's stderr")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()
+    venv, builder = PEER_ENVS[args.peer]
+    args.python = args.python or str(REPO / venv / "bin" / "python")
     if not Path(args.python).exists() and "/" in args.python:
-        print(f"{args.peer}: cannot run: no peer environment at {args.python} (bench/peers/make_env.sh builds it)")
+        print(f"{args.peer}: cannot run: no peer environment at {args.python} ({builder} builds it)")
         return CANNOT_RUN
 
     settings = {

@@ -1,6 +1,6 @@
-"""The peer benchmark's harness (bench/peers): its checkpoint loads in Chorus, and where `.venv-peers` exists,
-each peer engine gets as far as this machine allows (on CPU: the checkpoint loads and synthesizes through the
-peers' model code, then the engine stops at its CUDA requirement)."""
+"""The peer benchmark's harness (bench/peers): its checkpoint loads in Chorus, and where a peer's env exists
+(`.venv-peers`, `.venv-peers-hf4` for the batch peer), that peer engine gets as far as this machine allows (on CPU:
+the checkpoint loads and synthesizes through the peer's model code, then the engine stops at its CUDA requirement)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ from chorus.vocoder.loader import load_codec
 
 REPO = Path(__file__).resolve().parents[2]
 PEERS_DIR = REPO / "bench" / "peers"
-PEER_PYTHON = REPO / ".venv-peers" / "bin" / "python"
+# Each peer's env (bench/peers/make_env.sh; run_peer.py's PEER_ENVS): the batch engine needs transformers 4.
+PEER_PYTHONS = {
+    "faster-qwen3-tts": REPO / ".venv-peers" / "bin" / "python",
+    "faster-qwen3-tts-batch": REPO / ".venv-peers-hf4" / "bin" / "python",
+}
 OFFICIAL_FILES = {
     "config.json",
     "generation_config.json",
@@ -60,9 +64,10 @@ def test_released_shapes_are_the_base_model():
     assert config.speaker_encoder.enc_dim == 1024 and config.speaker_ids == {}
 
 
-@pytest.mark.skipif(not PEER_PYTHON.exists(), reason="peer env missing: run bench/peers/make_env.sh")
-@pytest.mark.parametrize("peer", ["faster-qwen3-tts", "faster-qwen3-tts-batch"])
+@pytest.mark.parametrize("peer", list(PEER_PYTHONS))
 def test_peer_runs_as_far_as_this_device_allows(peer, tiny_checkpoint, tmp_path):
+    if not PEER_PYTHONS[peer].exists():
+        pytest.skip(f"{peer}'s env missing: run bench/peers/make_env.sh{' --hf4' if peer.endswith('batch') else ''}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     command = [sys.executable, str(PEERS_DIR / "run_peer.py"), peer, "--checkpoint", str(tiny_checkpoint)]
     options = ["--device", device, "--dtype", "float32", "--frames", "25", "--batch-sizes", "1,2", "--repeats", "1"]
@@ -71,6 +76,8 @@ def test_peer_runs_as_far_as_this_device_allows(peer, tiny_checkpoint, tmp_path)
     )
     report = json.loads(next(tmp_path.glob(f"peers-{peer}-*.json")).read_text())
     assert report["probe"]["weights_match_file"], report
+    if peer == "faster-qwen3-tts-batch":  # its env is the transformers-4 set (make_env.sh --hf4)
+        assert report["versions"]["transformers"].startswith("4.") and "qwen-tts" in report["versions"]
     assert report["probe"]["num_frames"] > 0
     if device == "cpu":
         assert completed.returncode == 3, completed.stdout
