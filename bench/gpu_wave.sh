@@ -14,7 +14,8 @@
 #   engines    talker 0.6B at batch 1/16/64/128/256 against the reference-style loop (1/16/64), 1.7B at 1/64, the
 #              vocoder bf16, the diffusion engine (compiled DiT, cuDNN attention) against diffusers' pipeline
 #   tts        the speech stack, both transports at concurrency 1, 16, 64, 256 (125 frames a request)
-#   formats    the speech stack, REST at 64 in mp3 and opus (compare with pcm at 64 from `tts`)
+#   formats    the speech stack, REST at 64 in pcm, mp3 and opus (item 4 compares them in one run; GATEWAY_WORKERS=8
+#              tells whether encoding is what limits them)
 #   sustained  the speech stack, REST at 64 for 1024 requests (steady quarters and memory per level)
 #   diffusion  the whole stack (`chorus up`), `chorus bench diffusion` at 1, 4, 8
 #   peers      faster-qwen3-tts and faster-qwen3-tts-batch in their own site, and our talker engine, on one random
@@ -87,7 +88,7 @@ case $stage in
     ;;
   formats)
     start_stack --speech-in-one-process
-    for format in mp3 opus; do bench_tts --transport rest --concurrency 64 --format $format --label "$label, $format"; done
+    for format in pcm mp3 opus; do bench_tts --transport rest --concurrency 64 --format $format --label "$label, $format"; done
     ;;
   sustained)
     start_stack --speech-in-one-process
