@@ -25,7 +25,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from chorus.runtime.processes import die_with_parent, free_port
+from chorus.runtime.processes import die_with_parent, free_ports
 from chorus.runtime.redis_server import LocalRedis, start_local_redis
 from chorus.services import SERVICES
 from chorus.supervisor import RestartPolicy, Supervisor, describe_exit
@@ -42,9 +42,10 @@ class StackPorts:
     def choose(cls, rest_port: int, grpc_port_base: int) -> StackPorts:
         """Fixed ports from the bases given, or free ones where a base is 0."""
         names = ("gateway", *BACKENDS)
-        grpc_ports = {name: (grpc_port_base + i if grpc_port_base else free_port()) for i, name in enumerate(names)}
+        free = iter(free_ports(len(names) + 1))  # distinct, whichever of them are used
+        grpc_ports = {name: (grpc_port_base + i if grpc_port_base else next(free)) for i, name in enumerate(names)}
         grpc_ports["speech"] = grpc_ports["talker"]  # the one-process talker + vocoder takes the talker's port
-        return cls(rest=rest_port or free_port(), grpc=grpc_ports)
+        return cls(rest=rest_port or next(free), grpc=grpc_ports)
 
 
 def _log_to_stderr(line: str) -> None:

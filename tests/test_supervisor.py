@@ -134,3 +134,13 @@ def test_with_restarts_off_the_stack_reports_the_first_death_and_restarts_nothin
     processes["gateway"].returncode = -signal.SIGSEGV
     assert stack.watch() == ("gateway", -signal.SIGSEGV)
     assert stack.supervisor.num_restarts("gateway") == 0
+
+
+def test_a_stacks_free_ports_are_distinct():
+    # The talker and the gateway's REST server once got the same port and both bound it (SO_REUSEPORT): the
+    # talker's health checks reached the REST server and the stack never came up.
+    for _ in range(20):
+        ports = StackPorts.choose(0, 0)
+        named = [ports.rest, *(port for name, port in ports.grpc.items() if name != "speech")]
+        assert len(set(named)) == len(named), ports
+        assert ports.grpc["speech"] == ports.grpc["talker"]
