@@ -33,6 +33,7 @@ class _EmbeddedUvicorn(uvicorn.Server):
 class GatewayService(Service):
     name = "gateway"
     grpc_services = ("chorus.v1.Chorus",)
+    shares_port = True  # workers on one host take the same ports
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config

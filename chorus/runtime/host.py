@@ -40,6 +40,9 @@ class Service(abc.ABC):
     name: str
     #: Full gRPC service names (e.g. "chorus.v1.Talker"), reported by health and reflection.
     grpc_services: tuple[str, ...]
+    #: Whether processes of this service share one port (SO_REUSEPORT, gRPC's default): gateway workers do. Any
+    #: other service fails to start on a port something holds, instead of splitting its calls with that.
+    shares_port: bool = False
 
     @abc.abstractmethod
     def register(self, server: grpc.aio.Server) -> None:
@@ -62,7 +65,7 @@ class ServiceHost:
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
             interceptors=[ErrorBoundary(service.name)],
-            options=server_options(config.max_message_bytes),
+            options=[*server_options(config.max_message_bytes), ("grpc.so_reuseport", int(service.shares_port))],
         )
         self.port: int | None = None
         self.metrics_port: int | None = None
@@ -73,7 +76,11 @@ class ServiceHost:
         names = (*self.service.grpc_services, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)
         await self._set_serving(False)
-        self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        address = f"{self.config.host}:{self.config.port}"
+        try:
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc says only "Failed to bind"
+            raise RuntimeError(f"{self.service.name} cannot listen on {address} (in use?): {exc}") from None
         await self.server.start()
         self.metrics_port = serve_metrics(self.config.host, self.config.metrics_port)
         log.info(

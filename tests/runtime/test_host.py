@@ -193,3 +193,22 @@ async def test_graceful_stop_cancels_streams_that_outlive_the_grace_period(host)
     with pytest.raises(grpc.aio.AioRpcError) as cancelled:
         await in_flight
     assert cancelled.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+
+
+async def test_a_service_does_not_start_on_a_port_another_process_shares():
+    # A REST server's socket with SO_REUSEPORT (as the gateway's) once held the port a talker was given: the talker
+    # bound it too and the kernel split connections between them. A backend must refuse the port instead.
+    import socket
+
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        host = ServiceHost(ServiceConfig(port=port, metrics_port=-1), TickerService())
+        with pytest.raises(RuntimeError, match=f"ticker cannot listen on 127.0.0.1:{port}"):
+            await asyncio.wait_for(host.start(), timeout=10)  # bound it: started, it would wait to warm up
+        await host.server.stop(None)
+    finally:
+        holder.close()
