@@ -17,6 +17,9 @@
 #   formats    the speech stack, REST at 64 in pcm, mp3 and opus (item 4 compares them in one run; GATEWAY_WORKERS=8
 #              tells whether encoding is what limits them)
 #   sustained  the speech stack, REST at 64 for 1024 requests (steady quarters and memory per level)
+#   profile    the speech stack at 64 (pcm, mp3) and 256 (pcm), REST, ~20 s a level (PROFILE_LEVELS), with 10 s of
+#              py-spy (needs `../shared/tools/device-wheels.sh py-spy`) on the speech process and one gateway worker
+#              mid-level: profile-*.txt, py-spy's raw stacks (a failed attach says why in profile-*.log)
 #   diffusion  the whole stack (`chorus up`), `chorus bench diffusion` at 1, 4, 8
 #   peers      faster-qwen3-tts and faster-qwen3-tts-batch in their own site, and our talker engine, on one random
 #              0.6B Base checkpoint in the official layout, x-vector voice clones of 125 frames (the peers' times
@@ -25,7 +28,7 @@
 # with dummy weights in bf16, TALKER_SLOTS (256) talker streams sharing a KV pool of KV_POSITIONS (262144, 30 GB at
 # 0.6B) positions; each stream may still reach the default 4608 (256 × 4608 would take 135 GB).
 set -euo pipefail
-stage=${1:?usage: bench/gpu_wave.sh tests|engines|tts|formats|sustained|diffusion|peers OUT}
+stage=${1:?usage: bench/gpu_wave.sh tests|engines|tts|formats|sustained|profile|diffusion|peers OUT}
 out=${2:?usage: bench/gpu_wave.sh STAGE OUT}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -93,6 +96,21 @@ case $stage in
   sustained)
     start_stack --speech-in-one-process
     bench_tts --transport rest --concurrency 64 --requests-per-level 1024 --label "$label, sustained"
+    ;;
+  profile)
+    start_stack --speech-in-one-process
+    IFS=, read -ra profile_levels <<<"${PROFILE_LEVELS:-64 pcm 768,64 mp3 768,256 pcm 1536}"
+    for level in "${profile_levels[@]}"; do  # concurrency, format, requests (enough for ~20 s on an H100)
+      set -- $level
+      bench_tts --transport rest --concurrency $1 --requests-per-level $3 --format $2 --label "$label, profile" &
+      sleep "${PROFILE_AFTER_S:-8}"  # past the level's first burst of prefills
+      for process in "serve speech" "serve gateway"; do  # the speech process, and one gateway worker
+        name=profile-${process#serve }-c$1-$2
+        py-spy record --pid "$(pgrep -f "$process" | tail -1)" --duration 10 --rate 200 --format raw \
+          --output "$out/$name.txt" >"$out/$name.log" 2>&1 &
+      done
+      wait
+    done
     ;;
   diffusion)
     start_stack
