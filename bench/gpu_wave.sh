@@ -103,13 +103,15 @@ case $stage in
     for level in "${profile_levels[@]}"; do  # concurrency, format, requests (enough for ~20 s on an H100)
       set -- $level
       bench_tts --transport rest --concurrency $1 --requests-per-level $3 --format $2 --label "$label, profile" &
+      jobs_of_level=($!)
       sleep "${PROFILE_AFTER_S:-8}"  # past the level's first burst of prefills
       for process in "serve speech" "serve gateway"; do  # the speech process, and one gateway worker
         name=profile-${process#serve }-c$1-$2
         py-spy record --pid "$(pgrep -f "$process" | tail -1)" --duration 10 --rate 200 --format raw \
           --output "$out/$name.txt" >"$out/$name.log" 2>&1 &
+        jobs_of_level+=($!)
       done
-      wait
+      wait "${jobs_of_level[@]}"  # not the stack, which runs on
     done
     ;;
   diffusion)
