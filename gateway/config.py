@@ -28,7 +28,8 @@ class GatewayConfig(ServiceConfig):
     workers: int = option(
         1,
         "Gateway processes sharing these ports, one core each; each is a replica of its own (its own admission "
-        "limits). 2–4 keep up with one GPU's speech traffic, which one process cannot.",
+        "limits). 2–4 keep up with one GPU's PCM speech traffic, which one process cannot; mp3 and opus cost ~10× "
+        "the CPU per audio second (4 workers were saturated by 64 mp3 streams on an H100 host).",
     )
 
     max_input_chars: int = option(4096, "Longest speech `input` (and text-to-audio `prompt`) accepted, in characters.")
