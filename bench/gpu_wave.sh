@@ -39,7 +39,8 @@ if [ ! -d /tmp/site/chorus ]; then  # the GPU image's packages plus the wheels i
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site .
 fi
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONSAFEPATH=1
-chorus() { python3 -c "import sys; from chorus.cli import main; sys.exit(main())" "$@"; }  # pip --target may skip bin/
+cli=(python3 -c "import sys; from chorus.cli import main; sys.exit(main())")  # pip --target may leave no bin/chorus
+chorus() { "${cli[@]}" "$@"; }
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
 export CHORUS_COMMIT=${CHORUS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 label="${device:-CPU}, commit $CHORUS_COMMIT"
@@ -55,7 +56,10 @@ export CHORUS_DIFFUSION_LOAD_FORMAT=${CHORUS_DIFFUSION_LOAD_FORMAT:-dummy} CHORU
 levels=${TTS_LEVELS:-1,16,64,256}
 
 start_stack() {  # chorus up [flags]: in the background until this script exits; waits for /ready
-  chorus up "$@" >"$logs/up.log" 2>&1 &
+  if curl -sf http://127.0.0.1:8000/ready >/dev/null; then
+    echo "a stack already answers on port 8000: stop it first (its figures would be taken for this one's)" >&2; exit 1
+  fi
+  "${cli[@]}" up "$@" >"$logs/up.log" 2>&1 &  # not through the function: $! must be chorus up itself, to stop it
   stack=$!
   trap 'kill $stack 2>/dev/null; wait $stack 2>/dev/null; cp "$logs"/*.log "$out"/ 2>/dev/null || true' EXIT
   for _ in $(seq 300); do
