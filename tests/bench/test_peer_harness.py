@@ -18,10 +18,10 @@ from chorus.vocoder.loader import load_codec
 
 REPO = Path(__file__).resolve().parents[2]
 PEERS_DIR = REPO / "bench" / "peers"
-# Each peer's env (bench/peers/make_env.sh; run_peer.py's PEER_ENVS): the batch engine needs transformers 4.
-PEER_PYTHONS = {
-    "faster-qwen3-tts": REPO / ".venv-peers" / "bin" / "python",
-    "faster-qwen3-tts-batch": REPO / ".venv-peers-hf4" / "bin" / "python",
+# Each peer's env and the command that builds it (run_peer.py's PEER_ENVS): the batch engine needs transformers 4.
+PEER_ENVS = {
+    "faster-qwen3-tts": (REPO / ".venv-peers" / "bin" / "python", "bench/peers/make_env.sh"),
+    "faster-qwen3-tts-batch": (REPO / ".venv-peers-hf4" / "bin" / "python", "bench/peers/make_env.sh --hf4"),
 }
 OFFICIAL_FILES = {
     "config.json",
@@ -64,10 +64,11 @@ def test_released_shapes_are_the_base_model():
     assert config.speaker_encoder.enc_dim == 1024 and config.speaker_ids == {}
 
 
-@pytest.mark.parametrize("peer", list(PEER_PYTHONS))
+@pytest.mark.parametrize("peer", list(PEER_ENVS))
 def test_peer_runs_as_far_as_this_device_allows(peer, tiny_checkpoint, tmp_path):
-    if not PEER_PYTHONS[peer].exists():
-        pytest.skip(f"{peer}'s env missing: run bench/peers/make_env.sh{' --hf4' if peer.endswith('batch') else ''}")
+    python, builder = PEER_ENVS[peer]
+    if not python.exists():
+        pytest.skip(f"{peer}'s env missing: run {builder}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     command = [sys.executable, str(PEERS_DIR / "run_peer.py"), peer, "--checkpoint", str(tiny_checkpoint)]
     options = ["--device", device, "--dtype", "float32", "--frames", "25", "--batch-sizes", "1,2", "--repeats", "1"]

@@ -7,6 +7,7 @@ streams progress events on a timer: the host, not a model, is what these tests e
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import grpc
 import httpx
@@ -198,8 +199,6 @@ async def test_graceful_stop_cancels_streams_that_outlive_the_grace_period(host)
 async def test_a_service_does_not_start_on_a_port_another_process_shares():
     # A REST server's socket with SO_REUSEPORT (as the gateway's) once held the port a talker was given: the talker
     # bound it too and the kernel split connections between them. A backend must refuse the port instead.
-    import socket
-
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     holder.bind(("127.0.0.1", 0))
