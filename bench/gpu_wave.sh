@@ -19,7 +19,8 @@
 #   sustained  the speech stack, REST at 64 for 1024 requests (steady quarters and memory per level)
 #   profile    the speech stack at 64 (pcm, mp3) and 256 (pcm), REST, ~20 s a level (PROFILE_LEVELS), with 10 s of
 #              py-spy (needs `../shared/tools/device-wheels.sh py-spy`) on the speech process and one gateway worker
-#              mid-level: profile-*.txt, py-spy's raw stacks (a failed attach says why in profile-*.log)
+#              mid-level: profiles-*.tgz holds py-spy's raw stacks per thread, profile-*.txt (a failed attach says why
+#              in profile-*.log)
 #   diffusion  the whole stack (`chorus up`), `chorus bench diffusion` at 1, 4, 8
 #   peers      faster-qwen3-tts and faster-qwen3-tts-batch in their own site, and our talker engine, on one random
 #              0.6B Base checkpoint in the official layout, x-vector voice clones of 125 frames (the peers' times
@@ -61,7 +62,7 @@ start_stack() {  # chorus up [flags]: in the background until this script exits;
   fi
   "${cli[@]}" up "$@" >"$logs/up.log" 2>&1 &  # not through the function: $! must be chorus up itself, to stop it
   stack=$!
-  trap 'kill $stack 2>/dev/null; wait $stack 2>/dev/null; cp "$logs"/*.log "$out"/ 2>/dev/null || true' EXIT
+  trap 'kill $stack 2>/dev/null; wait $stack 2>/dev/null; cp "$logs"/up.log "$out"/ 2>/dev/null || true' EXIT
   for _ in $(seq 300); do
     curl -sf http://127.0.0.1:8000/ready >/dev/null && { echo "stack ready after ${SECONDS} s" >&2; return; }
     kill -0 $stack 2>/dev/null || { tail -50 "$logs/up.log" >&2; exit 1; }
@@ -111,12 +112,14 @@ case $stage in
       sleep "${PROFILE_AFTER_S:-8}"  # past the level's first burst of prefills
       for process in "serve speech" "serve gateway"; do  # the speech process, and one gateway worker
         name=profile-${process#serve }-c$1-$2
-        py-spy record --pid "$(pgrep -f "$process" | tail -1)" --duration 10 --rate 200 --format raw \
-          --output "$out/$name.txt" >"$out/$name.log" 2>&1 &
+        py-spy record --pid "$(pgrep -f "$process" | tail -1)" --duration 10 --rate 200 --nonblocking --threads \
+          --format raw --output "$logs/$name.txt" >"$logs/$name.log" 2>&1 &
         jobs_of_level+=($!)
       done
       wait "${jobs_of_level[@]}"  # not the stack, which runs on
     done
+    # One archive: the device tool brings back at most 8 files from a call.
+    tar czf "$out/profiles-$(date +%Y%m%d-%H%M%S).tgz" -C "$logs" $(cd "$logs" && ls profile-*)
     ;;
   diffusion)
     start_stack

@@ -186,12 +186,16 @@ class StepBreakdown:
         """The speech processes' samples whose names `wanted(name)` accepts, summed over the processes."""
         metrics: dict[str, float] = {}
         for pid in sorted(processes.speech_pids):
+            url = self.metrics_urls[pid]
             try:
-                async with self.scraper.get(self.metrics_urls[pid]) as reply:
-                    text = await reply.text()
+                async with self.scraper.get(url) as reply:
+                    reply.raise_for_status()
+                    samples = parse_metrics(await reply.text())
             except (aiohttp.ClientError, TimeoutError) as exc:
-                raise Skipped(f"{self.metrics_urls[pid]}: {type(exc).__name__}") from exc
-            for name, value in parse_metrics(text).items():
+                raise Skipped(f"{url}: {type(exc).__name__}") from exc
+            except ValueError as exc:  # a page that is not (or no longer) Prometheus text
+                raise Skipped(f"{url}: unreadable metrics page ({exc})") from exc
+            for name, value in samples.items():
                 if wanted(name):
                     metrics[name] = metrics.get(name, 0.0) + value
         return metrics
