@@ -3,6 +3,8 @@ step; the compiled layers compute what the plain modules compute (GPU only)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -77,3 +79,28 @@ def test_compiled_layers_match_plain_modules():
         results.append(outputs)
     for plain, compiled in zip(*results, strict=True):
         torch.testing.assert_close(compiled, plain, atol=1e-4, rtol=1e-4)
+
+
+def test_prefill_does_not_wait_for_the_gpu(tiny_loaded):
+    """A new request's prefill only enqueues work: were it to wait for the stream (a blocking host-to-device copy),
+    the GPU would idle behind every prefill while the engine thread prepares the next launch."""
+    model = build_random(TINY_CONFIG, TINY_SEED, device="cuda", dtype=torch.bfloat16)
+    loaded = LoadedTalker(model, tiny_loaded.tokenizer, tiny_loaded.sampling_defaults)
+    engine = TalkerEngine(loaded, EngineConfig(max_streams=8, max_positions=512, max_frames=8, use_cuda_graphs=True))
+    engine.runner.warmup()
+    for name in ("warm", "timed"):
+        voice = engine.voice_request("custom_voice", f"The {name} request.", speaker="ryan")
+        stream = engine.submit(name, voice, SamplingParams(seed=1), max_frames=8)
+        if name == "warm":  # every lazy initialisation of the prefill path happens here
+            engine.run_until_idle()
+            continue
+        torch.cuda._sleep(2_000_000_000)  # keeps the stream busy for about a second
+        host_started = time.perf_counter()
+        engine.step()  # the prefill alone: a request starts decoding the step after its prefill
+        host_s = time.perf_counter() - host_started
+        torch.cuda.synchronize()
+        gpu_s = time.perf_counter() - host_started
+        assert engine.stats.prefills == 2
+        assert host_s < gpu_s / 4, f"the prefill took {host_s:.3f} s of host time behind {gpu_s:.3f} s of GPU work"
+        engine.run_until_idle()
+        assert len(stream.collect()) == 8

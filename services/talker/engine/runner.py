@@ -138,6 +138,7 @@ class TalkerRunner:
         self.position = torch.zeros(num_slots, dtype=torch.long, device=device)
         self.num_generated = torch.zeros(num_slots, dtype=torch.long, device=device)
         self.generated_mask = torch.zeros(num_slots, vocab, dtype=torch.bool, device=device)
+        self._true = torch.ones((), dtype=torch.bool, device=device)  # a value to index_put_ without a host copy
         self.params = _SlotParams(num_slots, device)
         # Step inputs and outputs: static buffers, so a captured graph reads and writes the same memory. The inputs
         # (per slot: an active flag, the text id to add) are one buffer, for one host-to-device copy per step.
@@ -295,19 +296,22 @@ class TalkerRunner:
         last_index = last_index - 1
         self._store_prompts(slots, lengths, scratch)
         last_hidden = hidden[torch.arange(num_rows, device=self.device), last_index]
-        self.generated_mask[index] = False
+        # No `mask[index] = False` here: an indexed assignment of a Python scalar copies the scalar to the device
+        # with a blocking copy, which waits for the decode step in flight (a tenth of the engine thread's time at
+        # 256 streams, the GPU idle behind it). index_fill_ takes the scalar as a kernel argument.
+        self.generated_mask.index_fill_(0, index, False)
         if any(num_prefix):
             rows = [slot for slot, count in zip(slots, num_prefix, strict=True) for _ in range(count)]
             code0s = torch.cat([codes for codes in prefix_code0s if codes is not None])
             seen = torch.cat((torch.tensor(rows, dtype=torch.long), code0s.long())).to(self.device, non_blocking=True)
-            self.generated_mask[seen[: len(rows)], seen[len(rows) :]] = True
+            self.generated_mask.index_put_((seen[: len(rows)], seen[len(rows) :]), self._true)
         self.num_generated[index] = num_generated
         code0 = self._pick_code0(self.model.talker.codec_head(last_hidden), index)
         self.last_hidden[index] = last_hidden
         self.next_code0[index] = code0
         self.position[index] = last_index + 1
         self.num_generated[index] = num_generated + 1
-        self.generated_mask[index, code0] = True
+        self.generated_mask.index_put_((index, code0), self._true)
 
     def _store_prompts(self, slots: list[int], lengths: list[int], scratch: torch.Tensor) -> None:
         """Copy each row's prompt keys and values from `scratch [layers, 2, rows, kv_heads, L, D]` (L a whole number
