@@ -103,6 +103,9 @@ class StreamingEncoder:
         """Feeds one chunk; returns whatever encoded bytes are ready (possibly none yet)."""
         with self._lock:
             assert not self._is_finished, "encode after flush"
+            samples = self._checked(samples)
+            if self._is_plain_pcm:  # a sample conversion: no PyAV frame to build and read back
+                return self._wav_header_once() + _s16le(samples)
             frame = self._to_frame(samples)
             frames = self._tempo.process(frame) if self._tempo is not None else [frame]
             return self._write(frames)
@@ -146,18 +149,22 @@ class StreamingEncoder:
         """Whether encoding is only a sample conversion (microseconds a chunk): not worth a thread hop."""
         return self._container is None and self._tempo is None
 
-    def _to_frame(self, samples: np.ndarray) -> av.AudioFrame:
+    def _checked(self, samples: np.ndarray) -> np.ndarray:
+        """`samples` as `(num_samples, num_channels)`, int16 or float32."""
         samples = np.asarray(samples)
         if samples.ndim == 1:
             samples = samples[:, None]
         if samples.ndim != 2 or samples.shape[1] != self.num_channels:
             raise ValueError(f"samples: expected shape (num_samples, {self.num_channels}), got {samples.shape}")
         if samples.dtype == np.int16:
+            return samples
+        if np.issubdtype(samples.dtype, np.floating):
+            return samples.astype(np.float32, copy=False)
+        raise ValueError(f"samples: expected float or int16, got {samples.dtype}")
+
+    def _to_frame(self, samples: np.ndarray) -> av.AudioFrame:
+        if samples.dtype == np.int16:
             samples = samples.astype(np.float32) / 32768.0
-        elif np.issubdtype(samples.dtype, np.floating):
-            samples = samples.astype(np.float32, copy=False)
-        else:
-            raise ValueError(f"samples: expected float or int16, got {samples.dtype}")
         interleaved = np.ascontiguousarray(samples.reshape(1, -1))
         frame = av.AudioFrame.from_ndarray(interleaved, format="flt", layout=self._layout)
         frame.sample_rate = self.sample_rate_hz
@@ -174,11 +181,17 @@ class StreamingEncoder:
         return self._sink.take()
 
     def _write_raw(self, frames: list[av.AudioFrame]) -> bytes:
-        parts = []
-        if self.spec.name == "wav" and not self._has_sent_header:
-            parts.append(wav_header(self.sample_rate_hz, self.num_channels))
-            self._has_sent_header = True
-        for frame in frames:
-            samples = frame.to_ndarray().reshape(-1)
-            parts.append((np.clip(samples, -1.0, 32767 / 32768) * 32768.0).astype("<i2").tobytes())
-        return b"".join(parts)
+        return self._wav_header_once() + b"".join(_s16le(frame.to_ndarray()) for frame in frames)
+
+    def _wav_header_once(self) -> bytes:
+        if self.spec.name != "wav" or self._has_sent_header:
+            return b""
+        self._has_sent_header = True
+        return wav_header(self.sample_rate_hz, self.num_channels)
+
+
+def _s16le(samples: np.ndarray) -> bytes:
+    """Samples (int16, or float32 in [-1, 1]), interleaved, as s16le bytes; int16 unchanged."""
+    if samples.dtype == np.int16:
+        return samples.astype("<i2", copy=False).tobytes()
+    return (np.clip(samples, -1.0, 32767 / 32768) * 32768.0).astype("<i2").tobytes()

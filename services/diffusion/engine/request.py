@@ -8,6 +8,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from chorus.runtime.errors import InvalidRequest
@@ -147,7 +148,7 @@ class AudioOutput:
     def interleaved_f32le(self) -> bytes:
         """The samples interleaved by channel as float32 little-endian (PcmChunk SAMPLE_FORMAT_PCM_F32LE).
         A full 47.55 s stereo window is 16.8 MB: split it across messages to stay under message limits."""
-        return self.waveform.T.contiguous().numpy().astype("<f4").tobytes()
+        return np.ascontiguousarray(self.waveform.numpy().T, dtype="<f4").tobytes()  # one copy before tobytes
 
 
 @dataclass(frozen=True, slots=True)
