@@ -94,6 +94,7 @@ class StreamingEncoder:
             self._stream = self._container.add_stream(
                 self.spec.codec, rate=self.spec.codec_rate_hz(sample_rate_hz), layout=self._layout
             )
+            self._stream.codec_context.options = dict(self.spec.codec_options)  # read when the codec opens
 
     @property
     def content_type(self) -> str:
