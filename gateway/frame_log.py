@@ -10,6 +10,7 @@ process starts from the frames its journal holds (`initial`).
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Protocol
 
 from chorus.v1 import common_pb2
@@ -35,6 +36,7 @@ class FrameLog:
         self.is_taken_over = is_taken_over  # the segment's run began in another gateway process
         self.error: BaseException | None = None
         self.sink = sink
+        self.first_frame_at: float | None = None  # when this process got its first frame (time.time())
         self._changed = asyncio.Event()
 
     @property
@@ -43,6 +45,8 @@ class FrameLog:
 
     async def append(self, chunk: common_pb2.CodecChunk) -> None:
         offset = self.num_frames
+        if self.first_frame_at is None and chunk.codes:
+            self.first_frame_at = time.time()
         self._codes += chunk.codes
         self._changed.set()
         if self.sink is not None:

@@ -59,10 +59,11 @@ class JournaledRun:
         self._is_handed_over = False
         self.timeline: dict[str, float] = {}  # stage → wall-clock time (time.time(), as the record's stamps)
 
-    def mark(self, stage: str) -> None:
-        """Notes that the run reached `stage` now (again: the later time counts, e.g. after a fail-over)."""
+    def mark(self, stage: str, at_s: float | None = None) -> None:
+        """Notes that the run reached `stage` now, or at `at_s` (time.time()); again: the later time counts, e.g.
+        after a fail-over."""
         self.timeline.pop(stage, None)  # keeps the stages in the order they were last reached
-        self.timeline[stage] = time.time()
+        self.timeline[stage] = time.time() if at_s is None else at_s
 
     async def _produce(self) -> dict:
         """Journals the output; returns the usage (with `last_sequence`). Raises ChorusError on failure."""

@@ -4,7 +4,9 @@ The run's lifecycle (record, cancel, end marker) is `JournaledRun`'s; `RunRegist
 alive while readers follow its output, and tells its `OutputLead` how far they got: the run
 pauses while it is `max_lead_s` of audio ahead of them. Each segment's codec frames are kept in a
 `FrameLog` (what a backend fail-over continues from) and journaled in Redis (what another gateway
-process continues from when it takes the run over: `frames`, one per segment).
+process continues from when it takes the run over: `frames`, one per segment). The run marks on its
+record when its first audio's frames came from the talker (first_frame), its PCM from the vocoder (first_pcm)
+and its first bytes were journaled for readers (first_audio).
 """
 
 from __future__ import annotations
@@ -118,7 +120,10 @@ class SpeechRun(JournaledRun):
                 if pcm is None:
                     break
                 samples = chunk_to_pcm(pcm)
-                if encoder is None:
+                if encoder is None:  # the first audio: how long its parts took (`chorus bench tts` splits TTFP)
+                    if self.frame_logs[0].first_frame_at is not None:
+                        self.mark("first_frame", self.frame_logs[0].first_frame_at)
+                    self.mark("first_pcm")
                     sample_rate_hz = pcm.sample_rate_hz
                     encoder = StreamingEncoder(self.response_format, sample_rate_hz, samples.shape[1], self.speed)
                 num_samples += samples.shape[0]
@@ -128,6 +133,7 @@ class SpeechRun(JournaledRun):
                     self.lead.journaled(sequence, num_samples / sample_rate_hz)
                 sequence = next_sequence
                 if self.time_to_first_audio_s is None and sequence > 0:
+                    self.mark("first_audio")
                     self.time_to_first_audio_s = time.monotonic() - started
                     TIME_TO_FIRST_AUDIO_S.labels("speech").observe(self.time_to_first_audio_s)
             if encoder is None:  # no audio at all (e.g. immediate EOS): still a valid, empty file

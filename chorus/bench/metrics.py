@@ -21,6 +21,7 @@ class RequestTiming:
     # (arrival time, seconds of audio in that piece) for every non-empty piece, in order
     arrivals: list[tuple[float, float]] = dataclasses.field(default_factory=list)
     error: str | None = None
+    request_id: str | None = None  # the gateway's, to read the request's record after the level
 
     @property
     def audio_s(self) -> float:

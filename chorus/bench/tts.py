@@ -6,7 +6,8 @@ with `--no-breakdown`). With `--chaos N` a talker or vocoder replica is killed e
 `--format` picks the response format (pcm by default). PCM bytes are audio seconds as they arrive; an encoded
 response's seconds are known once it is complete (its packets' durations, read without decoding), and each piece
 of it is credited the packets it made playable; TTFP and the simulated player start at the first piece with audio,
-not at a container header."""
+not at a container header. Each level's `ttfp_stages` splits the TTFP of a sample of its requests at the stages
+their runs marked (`chorus.bench.ttfp`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from chorus.bench.chaos import Chaos
 from chorus.bench.metrics import RequestTiming, steady_quarters, summarize
 from chorus.bench.prompts import SPEECH
 from chorus.bench.report import checked
+from chorus.bench.ttfp import level_ttfp_stages
 from chorus.client.grpc_client import FORMATS
 from chorus.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -96,6 +98,7 @@ async def rest_request(session: aiohttp.ClientSession, body: dict) -> RequestTim
     response = Response(body["response_format"])
     try:
         async with session.post("/v1/audio/speech", json=body) as reply:
+            response.timing.request_id = reply.headers.get("X-Request-Id")
             if reply.status != 200:
                 await reply.read()
                 return await response.finish(f"HTTP {reply.status}")
@@ -117,6 +120,8 @@ async def grpc_request(stub: gateway_pb2_grpc.ChorusStub, body: dict, metadata) 
         async for output in stub.Speak(request, metadata=metadata):
             if output.HasField("audio"):
                 response.arrived(output.audio.data)
+            elif output.HasField("request_id"):
+                response.timing.request_id = output.request_id
     except grpc.aio.AioRpcError as exc:
         return await response.finish(exc.code().name)
     return await response.finish()
@@ -124,9 +129,9 @@ async def grpc_request(stub: gateway_pb2_grpc.ChorusStub, body: dict, metadata) 
 
 async def run_level(
     send: Callable[[int], object], concurrency: int, num_requests: int, on_done, chaos: Chaos | None = None
-) -> dict:
+) -> tuple[dict, list[RequestTiming]]:
     """`num_requests` calls of `send(index)` with `concurrency` in flight; the level's summary (with the
-    fail-overs `chaos` caused)."""
+    fail-overs `chaos` caused) and its requests' timings."""
     slots = asyncio.Semaphore(concurrency)
 
     async def one(index: int) -> RequestTiming:
@@ -140,7 +145,9 @@ async def run_level(
     summary = summarize(list(timings), time.perf_counter() - started) | {
         "steady_quarters": steady_quarters(list(timings), started)
     }
-    return summary if chaos is None else summary | {"chaos": chaos.summary(list(timings))}
+    if chaos is not None:
+        summary["chaos"] = chaos.summary(list(timings))
+    return summary, list(timings)
 
 
 async def run(args, progress) -> list[dict]:
@@ -188,9 +195,10 @@ async def run(args, progress) -> list[dict]:
             counter = progress.level(f"{transport} c={concurrency}", num_requests)
             if steps is not None:
                 await steps.start()
-            summary = await run_level(send, concurrency, num_requests, counter, chaos)
+            summary, timings = await run_level(send, concurrency, num_requests, counter, chaos)
             if steps is not None:
                 summary["breakdown"] = await steps.finish()
+            summary["ttfp_stages"] = await level_ttfp_stages(http, timings)  # read after the level, not timed
             levels.append({"transport": transport, "concurrency": concurrency} | summary)
             progress.done(levels[-1])
         if killing is not None:

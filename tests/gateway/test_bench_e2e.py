@@ -16,6 +16,7 @@ from chorus.bench.cli import register
 from chorus.bench.diffusion import stage_stacks
 from chorus.bench.metrics import RequestTiming, count_underruns, percentile, steady_quarters
 from chorus.bench.report import write
+from chorus.bench.ttfp import STAGES
 from chorus.diffusion.config import DiffusionConfig
 from chorus.diffusion.service import DiffusionService
 
@@ -95,6 +96,11 @@ async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, r
         assert steps["memory_mib"].keys() == {"speech_rss_mib", "gateway_rss_mib"}, steps["memory_mib"]
         assert steps["memory_mib"]["speech_rss_mib"]["max"] > 100
         assert len(level["steady_quarters"]) == (4 if level["concurrency"] < 3 else 0)
+        # Every request's TTFP split at its run's marks: the parts are positive and add up to it.
+        stages = level["ttfp_stages"]
+        assert stages["requests"] == 3 and list(stages["p50_ms"]) == list(STAGES), stages
+        assert all(ms > 0 for ms in stages["p50_ms"].values()), stages
+        assert sum(stages["p50_ms"].values()) == pytest.approx(level["ttfp_ms"]["p50"], rel=0.3), stages
     path = write(tmp_path, "tts", {"concurrency": [1, 2]}, levels, tts.check_targets(levels), "cpu test")
     report = json.loads(path.read_text())
     assert report["levels"] == levels and report["targets"][0]["metric"] == "ttfp_ms.p50"

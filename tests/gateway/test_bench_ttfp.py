@@ -1,0 +1,32 @@
+"""Splitting a request's time to first audio at the marks its run left on the record."""
+
+from __future__ import annotations
+
+import pytest
+
+from chorus.bench.metrics import RequestTiming
+from chorus.bench.ttfp import STAGES, sampled, ttfp_stages
+
+
+def test_the_stages_add_up_to_the_clients_ttfp():
+    timeline = {"admitted_ms": 0.0, "started_ms": 1.5, "first_frame_ms": 12.0, "first_pcm_ms": 17.5,
+                "first_audio_ms": 19.0, "finished_ms": 900.0}  # fmt: skip
+    split = ttfp_stages(23.0, timeline)
+    assert list(split) == list(STAGES)
+    assert split == pytest.approx({"start": 1.5, "talker": 10.5, "vocoder": 5.5, "encode_journal": 1.5, "client": 4.0})
+    assert sum(split.values()) == pytest.approx(23.0)
+
+
+def test_a_record_without_the_marks_gives_none():
+    assert ttfp_stages(23.0, {"started_ms": 1.0, "first_frame_ms": 9.0}) is None
+    assert ttfp_stages(23.0, {}) is None
+
+
+def test_the_sample_spreads_over_the_requests_with_audio_and_an_id():
+    timings = [RequestTiming(sent_at=i, first_audio_at=i + 0.1, request_id=f"r{i}") for i in range(100)]
+    timings[3] = RequestTiming(sent_at=3, error="HTTP 503", request_id="r3")
+    timings[4] = RequestTiming(sent_at=4, first_audio_at=4.1)  # no id: the gateway did not say it
+    picked = sampled(timings, size=10)
+    assert len(picked) == 10
+    assert all(t.error is None and t.request_id for t in picked)
+    assert picked[0].request_id == "r0" and int(picked[-1].request_id[1:]) >= 80
