@@ -48,8 +48,8 @@ def _first_chunk_ms(runner: CodecRunner, repeats: int) -> float:
 
 
 def _engine_first_chunk_ms(runner: CodecRunner, repeats: int) -> float:
-    """Through the asyncio engine (default batching window included): open, send 1 frame, first audio.
-    Stops the engine, which releases the runner's graphs: call last."""
+    """Through the asyncio engine (default settings: a lone stream skips the batching window): open, send 1 frame,
+    first audio. Stops the engine, which releases the runner's graphs: call last."""
 
     async def measure() -> list[float]:
         engine = DecodeEngine(runner, EngineSettings())

@@ -20,7 +20,9 @@ class VocoderConfig(ServiceConfig):
     dtype: str = option("auto", "float32, bfloat16, or auto (float32).")
     max_streams: int = option(128, "Concurrent decode streams (decoder states kept).")
     max_batch_size: int = option(64, "Most stream chunks decoded in one batched forward.")
-    batch_window_ms: float = option(2.0, "How long new work waits so concurrent chunks share one forward.")
+    batch_window_ms: float = option(
+        2.0, "How long new work waits so concurrent chunks share one forward (not when no other stream could join)."
+    )
     idle_timeout_s: float = option(60.0, "A stream nobody sends to or reads from for this long is freed.")
     max_reference_audio_s: float = option(60.0, "Longest reference audio `Encode` accepts.")
     use_cuda_graphs: bool = option(True, "Capture CUDA graphs per (batch, chunk length) bucket on CUDA.")

@@ -228,3 +228,27 @@ async def test_streams_closed_mid_batch_and_newcomers_in_their_slots_leave_the_o
         expected = _one_shot(tiny_codec.decoder, torch.from_numpy(codes[index])[None])
         assert results[index].shape == expected.shape, index
         assert np.abs(results[index] - expected).max() <= 1e-5, index
+
+
+async def test_the_batching_window_waits_only_for_streams_that_could_join(tiny_codec):
+    """A lone stream's chunk is decoded at once; with another stream open and idle, the window waits for it."""
+    window_s = 1.0
+    engine = DecodeEngine(CodecRunner(tiny_codec.decoder, max_streams=4), EngineSettings(batch_window_s=window_s))
+    await engine.start()
+    codes = random_codes(1, 2)[0].numpy()
+    try:
+        for num_idle in (0, 1):
+            idle = [engine.open_stream(f"idle-{num_idle}-{i}") for i in range(num_idle)]
+            async with engine.open_stream(f"lone-{num_idle}") as stream:
+                started = asyncio.get_running_loop().time()
+                await stream.send(codes)
+                await anext(stream)
+                waited_s = asyncio.get_running_loop().time() - started
+            for other in idle:
+                other.close()
+            if num_idle:
+                assert waited_s >= window_s, "the window did not wait for the idle stream"
+            else:
+                assert waited_s < window_s / 2, f"a lone stream waited {waited_s:.2f} s"
+    finally:
+        await engine.stop()

@@ -178,13 +178,22 @@ class DecodeEngine:
             self._wakeup.clear()
             if self._is_stopping:
                 break
-            if self.settings.batch_window_s > 0:
+            if self.settings.batch_window_s > 0 and self._may_join_soon():
                 await asyncio.sleep(self.settings.batch_window_s)
             self._reap_idle()
             for batch in self._plan_batches():
                 await self._decode_batch(batch)
             if any(record.can_schedule() for record in self._streams.values()):
                 self._wakeup.set()
+
+    def _may_join_soon(self) -> bool:
+        """Whether an open stream without frames to decode could send some within the batching window, which is
+        what the window waits for. With none (a lone stream, or every stream with work already) it would only
+        delay the decode: 2 ms of a lone stream's 26 ms to first audio."""
+        return any(
+            record.status is StreamStatus.OPEN and not record.is_input_done and not record.segments
+            for record in self._streams.values()
+        )
 
     def _plan_batches(self) -> list[list[tuple[StreamRecord, PendingFrames]]]:
         """Takes one piece from every schedulable stream and groups pieces of equal length."""
