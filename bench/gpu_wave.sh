@@ -16,6 +16,8 @@
 #   tts        the speech stack, both transports at concurrency 1, 16, 64, 256 (125 frames a request)
 #   formats    the speech stack, REST at 64 in pcm, mp3 and opus (item 4 compares them in one run; GATEWAY_WORKERS=8
 #              tells whether encoding is what limits them)
+#   e2e        tts, then formats' mp3 and opus, then diffusion, all on one stack (the three stages' figures for one
+#              stack start), in one archive e2e-*.tgz
 #   sustained  the speech stack, REST at 64 for 1024 requests (steady quarters and memory per level)
 #   profile    the speech stack at 64 (pcm, mp3) and 256 (pcm), REST, ~20 s a level (PROFILE_LEVELS), with 10 s of
 #              py-spy (needs `../shared/tools/device-wheels.sh py-spy`) on the speech process and one gateway worker
@@ -29,7 +31,7 @@
 # with dummy weights in bf16, TALKER_SLOTS (256) talker streams sharing a KV pool of KV_POSITIONS (262144, 30 GB at
 # 0.6B) positions; each stream may still reach the default 4608 (256 × 4608 would take 135 GB).
 set -euo pipefail
-stage=${1:?usage: bench/gpu_wave.sh tests|engines|tts|formats|sustained|profile|diffusion|peers OUT}
+stage=${1:?usage: bench/gpu_wave.sh tests|engines|tts|formats|e2e|sustained|profile|diffusion|peers OUT}
 out=${2:?usage: bench/gpu_wave.sh STAGE OUT}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -97,6 +99,15 @@ case $stage in
   formats)
     start_stack --speech-in-one-process
     for format in pcm mp3 opus; do bench_tts --transport rest --concurrency 64 --format $format --label "$label, $format"; done
+    ;;
+  e2e)  # tts, formats and diffusion on one stack: one start (~2 min of device time) instead of three
+    start_stack --speech-in-one-process
+    archive=$out/e2e-$(date +%Y%m%d-%H%M%S).tgz out=$logs/e2e  # 9 files: one archive (the device tool brings 8)
+    mkdir -p "$out"
+    bench_tts --transport both --concurrency "$levels" --label "$label"
+    for format in mp3 opus; do bench_tts --transport rest --concurrency 64 --format $format --label "$label, $format"; done
+    chorus bench diffusion --out "$out" --label "$label"
+    tar czf "$archive" -C "$out" .
     ;;
   sustained)
     start_stack --speech-in-one-process
