@@ -108,9 +108,8 @@ def closeness(reference: np.ndarray, decoded: np.ndarray) -> dict:
 def measure(spec: AudioFormatSpec, samples: np.ndarray, options: dict[str, str], repeats: int) -> dict:
     cpu_s, data = min(encode(spec, samples, options) for _ in range(repeats))
     decoded, rate_hz = decode(data, spec.container)
-    if rate_hz != SPEECH_RATE_HZ:  # opus runs at 48 kHz for some inputs; compare at the input's rate
-        decoded = np.interp(np.arange(len(decoded) * SPEECH_RATE_HZ // rate_hz) * rate_hz / SPEECH_RATE_HZ,
-                            np.arange(len(decoded)), decoded)  # fmt: skip
+    if rate_hz != SPEECH_RATE_HZ:
+        raise ValueError(f"{spec.codec} decoded at {rate_hz} Hz: closeness compares at the input's {SPEECH_RATE_HZ}")
     audio_s = len(samples) / SPEECH_RATE_HZ
     return {"options": options, "cpu_ms_per_audio_s": round(cpu_s * 1000 / audio_s, 2), "bytes": len(data)} | (
         closeness(samples, decoded)

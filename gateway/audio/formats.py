@@ -26,7 +26,7 @@ FORMATS: dict[str, AudioFormatSpec] = {
     spec.name: spec
     for spec in (
         # Encoding is most of a gateway worker's time for mp3 and aac streams. LAME's quality 7 and FFmpeg's fast AAC
-        # coder take 0.56x and 0.18x the CPU of their defaults (quality 3, two-loop search) for speech-like audio,
+        # coder take 0.57x and 0.18x the CPU of their defaults (quality 3, two-loop search) for speech-like audio,
         # which they keep as well or better (same bitrate; spectral distance and SNR in `chorus.bench.encoders`).
         AudioFormatSpec("mp3", "audio/mpeg", "mp3", "libmp3lame", codec_options=(("compression_level", "7"),)),
         # Ogg pages are flushed every 100 ms instead of every second, so the first audio leaves early.
