@@ -104,10 +104,18 @@ case $stage in
     start_stack --speech-in-one-process
     archive=$out/e2e-$(date +%Y%m%d-%H%M%S).tgz out=$logs/e2e  # 9 files: one archive (the device tool brings 8)
     mkdir -p "$out"
-    bench_tts --transport both --concurrency "$levels" --label "$label"
-    for format in mp3 opus; do bench_tts --transport rest --concurrency 64 --format $format --label "$label, $format"; done
-    chorus bench diffusion --out "$out" --label "$label"
-    tar czf "$archive" -C "$out" .
+    set +e  # not `( … ) || status=$?`: inside a tested subshell, set -e does nothing
+    (
+      set -e
+      bench_tts --transport both --concurrency "$levels" --label "$label"
+      for format in mp3 opus; do bench_tts --transport rest --concurrency 64 --format $format --label "$label, $format"; done
+      chorus bench diffusion --out "$out" --label "$label"
+    )
+    status=$?
+    set -e
+    cp "$logs/up.log" "$out/"
+    tar czf "$archive" -C "$out" .  # whatever ran, also when a bench failed
+    exit $status
     ;;
   sustained)
     start_stack --speech-in-one-process
