@@ -102,7 +102,7 @@ case $stage in
     ;;
   e2e)  # tts, formats and diffusion on one stack: one start (~2 min of device time) instead of three
     start_stack --speech-in-one-process
-    archive=$out/e2e-$(date +%Y%m%d-%H%M%S).tgz out=$logs/e2e  # 9 files: one archive (the device tool brings 8)
+    archive=$out/e2e-$(date +%Y%m%d-%H%M%S).tgz out=$logs/e2e  # 10 files: one archive (the device tool brings 8)
     mkdir -p "$out"
     set +e  # not `( … ) || status=$?`: inside a tested subshell, set -e does nothing
     (
