@@ -200,15 +200,14 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         async def collect() -> list[JournalEntry]:
             return [entry async for entry in ctx.runs.follow(request_id)]
 
-        collecting = asyncio.create_task(collect())
+        collecting = asyncio.create_task(collect())  # a reader of the run while it follows (`follow` marks it)
         try:
-            with ctx.runs.reading(request_id):
-                while True:
-                    done, _ = await asyncio.wait({collecting}, timeout=_DISCONNECT_POLL_S)
-                    if done:
-                        return collecting.result()
-                    if await request.is_disconnected():
-                        return None
+            while True:
+                done, _ = await asyncio.wait({collecting}, timeout=_DISCONNECT_POLL_S)
+                if done:
+                    return collecting.result()
+                if await request.is_disconnected():
+                    return None
         finally:
             collecting.cancel()
 
