@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from chorus.talker import sampling
 from chorus.talker.engine.engine import EngineConfig, EngineFullError, TalkerEngine
 from chorus.talker.engine.request import FinishReason
 from chorus.talker.prompt import PromptError
@@ -56,6 +57,30 @@ def test_seeded_request_gives_the_same_codes_alone_and_in_any_batch(tiny_loaded)
     # A different seed gives different audio, so the equality above is not vacuous.
     (reseeded,), _ = _run(engine, [("target", target[1], SamplingParams(seed=99), 20)])
     assert reseeded.shape != alone.shape or not np.array_equal(reseeded, alone)
+
+
+def test_the_selecting_and_sorting_samplers_draw_the_same_codes(tiny_loaded, monkeypatch):
+    # Alone, a request with the released sampling defaults steps through the selecting sampler; while a top-p
+    # request shares its steps, every step sorts. Its codes must not change.
+    bounds = []
+    warp = sampling.warp
+    monkeypatch.setattr(sampling, "warp", lambda *args: bounds.append(args[2]) or warp(*args))
+    engine = _engine(tiny_loaded)
+
+    def codes(*requests):
+        streams = [engine.submit(name, _voice(engine, text), params, max_frames=30, ignore_eos=True)
+                   for name, text, params in requests]  # fmt: skip
+        engine.run_until_idle()
+        return [stream.collect() for stream in streams]
+
+    target = ("target", "Hello world, this is a test.", SamplingParams(seed=1234))
+    nucleus = ("nucleus", "Another sentence.", SamplingParams(seed=5, top_p=0.8, subtalker_top_k=0))
+    (alone,) = codes(target)
+    assert set(bounds) >= {sampling.FAST_TOP_K}, "the default request's steps select"
+    bounds.clear()
+    beside, _ = codes(target, nucleus)
+    assert set(bounds) == {0}, "every step beside the top-p request sorts"
+    np.testing.assert_array_equal(beside, alone)
 
 
 def test_max_frames_stops_with_max_length(tiny_loaded):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from chorus.talker.sampling import RowParams, open_uniform, sample_code0, warp
+from chorus.talker.sampling import FAST_TOP_K, RowParams, SamplingParams, choose, open_uniform, sample_code0, warp
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -29,6 +29,50 @@ def test_warp_matches_the_reference_processors_row_by_row(seed):
         if top_p < 1.0:
             expected = TopPLogitsWarper(top_p)(None, expected)
         torch.testing.assert_close(ours[index : index + 1], expected, rtol=0, atol=0)
+
+
+def _selectable_rows(count: int, generator: torch.Generator) -> RowParams:
+    return RowParams(
+        do_sample=torch.rand(count, generator=generator) < 0.8,
+        temperature=0.5 + torch.rand(count, generator=generator),
+        top_k=torch.randint(1, FAST_TOP_K + 1, (count,), generator=generator),
+        top_p=torch.ones(count),
+        seed=torch.randint(0, 2**40, (count,), generator=generator),
+    )
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_selecting_the_kth_score_keeps_what_the_sort_keeps(seed):
+    generator = torch.Generator().manual_seed(seed)
+    params = _selectable_rows(64, generator)
+    # bf16-rounded logits: many ties, which top-k keeps on both paths; a banned id is -inf on both.
+    scores = (torch.randn(64, 2048, generator=generator) * 4).bfloat16().float()
+    scores[:, 7] = float("-inf")
+    sorted_warp, selected_warp = warp(scores, params), warp(scores, params, FAST_TOP_K)
+    assert torch.equal(sorted_warp, selected_warp)
+    assert (sorted_warp[params.do_sample] > float("-inf")).sum(-1).ge(params.top_k[params.do_sample]).all()
+
+
+def test_ids_past_float32_underflow_are_kept_by_selection_yet_never_drawn():
+    # Scores spread over thousands: in-top-k ids whose probability underflows to 0 are dropped by top-p's `mass > 0`
+    # on the sorting path, kept by selection; the draws must agree anyway.
+    generator = torch.Generator().manual_seed(3)
+    params = _selectable_rows(256, generator)
+    params.do_sample.fill_(True)
+    scores = torch.randn(256, 2048, generator=generator) * 300
+    sorted_warp, selected_warp = warp(scores, params), warp(scores, params, FAST_TOP_K)
+    assert not torch.equal(sorted_warp, selected_warp), "the case this test is about occurs"
+    frame = torch.arange(256)
+    for codebook in range(16):
+        assert torch.equal(choose(sorted_warp, params, frame, codebook), choose(selected_warp, params, frame, codebook))
+
+
+def test_which_requests_the_selecting_sampler_serves():
+    assert SamplingParams().selects_top_k(), "the released defaults"
+    assert SamplingParams(do_sample=False, subtalker_do_sample=False, top_k=0, top_p=0.5).selects_top_k(), "greedy"
+    assert not SamplingParams(top_p=0.9).selects_top_k()
+    assert not SamplingParams(subtalker_top_k=0).selects_top_k()
+    assert not SamplingParams(top_k=FAST_TOP_K + 1).selects_top_k()
 
 
 def test_greedy_rows_pass_through():

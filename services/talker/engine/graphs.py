@@ -1,5 +1,5 @@
 """CUDA graphs of the talker decode step (talker token + 15 code-predictor steps + sampling), one per
-(batch bucket, attended-length bucket), captured on first use and replayed after.
+(batch bucket, attended-length bucket, sampler: sorting or selecting), captured on first use and replayed after.
 
 The step reads and writes only the runner's static buffers, so a replay needs no argument passing. Warm-up and
 capture run with every row inactive: inactive rows keep their state, and the cache entries they write sit at
@@ -17,24 +17,24 @@ from chorus.runtime.streams import capture_graph
 class DecodeGraphs:
     def __init__(self, runner) -> None:
         self.runner = runner
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.pool = None
 
     @torch.inference_mode()
-    def capture(self, num_rows: int, attended_length: int) -> None:
+    def capture(self, num_rows: int, attended_length: int, top_k_bound: int) -> None:
         runner = self.runner
         saved_active = runner.active.clone()
         runner.active.zero_()
-        graph, _ = capture_graph(lambda: runner.decode_compute(num_rows, attended_length), self.pool)
+        graph, _ = capture_graph(lambda: runner.decode_compute(num_rows, attended_length, top_k_bound), self.pool)
         if self.pool is None:
             self.pool = graph.pool()
         runner.active.copy_(saved_active)
-        self.graphs[(num_rows, attended_length)] = graph
+        self.graphs[(num_rows, attended_length, top_k_bound)] = graph
 
-    def run(self, num_rows: int, attended_length: int) -> None:
-        key = (num_rows, attended_length)
+    def run(self, num_rows: int, attended_length: int, top_k_bound: int) -> None:
+        key = (num_rows, attended_length, top_k_bound)
         if key not in self.graphs:
-            self.capture(num_rows, attended_length)
+            self.capture(*key)
         self.graphs[key].replay()
 
     def release(self) -> None:

@@ -21,7 +21,7 @@ from chorus.talker.engine.prefill import LENGTH_BUCKETS, PaddedPrefill
 from chorus.talker.models.qwen3_tts_talker import Qwen3TTSModel
 from chorus.talker.models.speaker_encoder import log_mel_spectrogram
 from chorus.talker.prompt import embed_prompts
-from chorus.talker.sampling import RowParams, SamplingParams, sample_code, sample_code0
+from chorus.talker.sampling import FAST_TOP_K, RowParams, SamplingParams, sample_code, sample_code0
 
 LENGTH_BUCKET = 256  # attended-length bucket of the PyTorch attention path
 # Longest run of queries an eager prefill forward attends at once: its attention scores take rows × heads × chunk ×
@@ -140,6 +140,9 @@ class TalkerRunner:
         self.generated_mask = torch.zeros(num_slots, vocab, dtype=torch.bool, device=device)
         self._true = torch.ones((), dtype=torch.bool, device=device)  # a value to index_put_ without a host copy
         self.params = _SlotParams(num_slots, device)
+        # Slots whose request needs the sorting sampler (top-p, or top-k off or past FAST_TOP_K): a step with any of
+        # them active runs the graph that sorts; every other step selects (`sampling.warp`).
+        self._sorting_slots: set[int] = set()
         # Step inputs and outputs: static buffers, so a captured graph reads and writes the same memory. The inputs
         # (per slot: an active flag, the text id to add) are one buffer, for one host-to-device copy per step.
         self.step_inputs = torch.zeros(2, num_slots, dtype=torch.long, device=device)
@@ -205,8 +208,14 @@ class TalkerRunner:
         for num_rows in buckets:
             for index in range(-(-capture_positions // self.length_bucket)):
                 attended_length = min(self.max_positions, (index + 1) * self.length_bucket)
-                if (num_rows, attended_length) not in self.graphs.graphs:
-                    self.graphs.capture(num_rows, attended_length)
+                if (num_rows, attended_length, FAST_TOP_K) not in self.graphs.graphs:
+                    self.graphs.capture(num_rows, attended_length, FAST_TOP_K)
+        # The sorting sampler's graphs are captured when a step first needs them; capturing the two smallest now
+        # compiles its code for both shape classes (batch 1 and more), so that first capture does not compile.
+        shortest = min(self.max_positions, self.length_bucket)
+        for num_rows in buckets[-2:]:
+            if (num_rows, shortest, 0) not in self.graphs.graphs:
+                self.graphs.capture(num_rows, shortest, 0)
 
     def _cache_views(self, cache: torch.Tensor, rows: slice) -> list[torch.Tensor]:
         return [layer[:, rows] for layer in cache]
@@ -216,6 +225,11 @@ class TalkerRunner:
     ) -> None:
         """Per-slot sampling state of the requests about to be prefilled into `slots`."""
         index = self._upload(slots, torch.long)
+        for slot, sampling in zip(slots, samplings, strict=True):
+            if sampling.selects_top_k():
+                self._sorting_slots.discard(slot)
+            else:
+                self._sorting_slots.add(slot)
         columns = _SlotParams.columns(samplings, seeds, ignore_eos)
         for table, values in zip((self.params.flags, self.params.floats, self.params.longs), columns, strict=True):
             table[:, index] = self._upload(values, table.dtype)
@@ -225,7 +239,7 @@ class TalkerRunner:
         decode step in flight, then leave the GPU idle while the host prepares the next launch."""
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
-    def _pick_code0(self, logits, rows: slice | torch.Tensor) -> torch.Tensor:
+    def _pick_code0(self, logits, rows: slice | torch.Tensor, top_k_bound: int = 0) -> torch.Tensor:
         ids = self.config.codec_ids
         return self._sample_code0(
             logits,
@@ -236,6 +250,7 @@ class TalkerRunner:
             _rows(self.params.talker, rows),
             ids.eos,
             self.config.first_control_id,
+            top_k_bound,
         )
 
     @torch.inference_mode()
@@ -331,7 +346,7 @@ class TalkerRunner:
         """The codebook-0 ids sampled for `slots`' next frames; waits for the device."""
         return self.next_code0[self._upload(slots, torch.long)].tolist()
 
-    def _predict_frame(self, num_rows: int) -> torch.Tensor:
+    def _predict_frame(self, num_rows: int, top_k_bound: int) -> torch.Tensor:
         """Codebooks 1..15 for rows `[0, num_rows)` → whole frames `[n, 16]`."""
         rows = slice(0, num_rows)
         talker, predictor = self.model.talker, self.model.talker.code_predictor
@@ -345,25 +360,26 @@ class TalkerRunner:
         table = self.predictor_table[rows]
         for codebook in range(1, self.config.num_code_groups):
             logits = predictor(inputs, positions, kv_caches, codebook - 1, table)
-            code = self._sample_code(logits, params, frame_index, codebook)
+            code = self._sample_code(logits, params, frame_index, codebook, top_k_bound)
             codes.append(code)
             inputs = predictor.embed(codebook, code)[:, None]
             positions = torch.full((num_rows, 1), codebook + 1, device=self.device, dtype=torch.long)
         return torch.stack(codes, dim=1)
 
-    def decode_compute(self, num_rows: int, attended_length: int) -> None:
-        """One frame for rows `[0, num_rows)` whose `active` flag is set; results in `out`.
+    def decode_compute(self, num_rows: int, attended_length: int, top_k_bound: int = 0) -> None:
+        """One frame for rows `[0, num_rows)` whose `active` flag is set; results in `out`. `top_k_bound`: 0 to
+        sample with sorting, FAST_TOP_K when every active row's request `selects_top_k`.
 
         Static shapes for a given (`num_rows`, `attended_length`): this is the body CUDA graphs capture.
         """
         rows = slice(0, num_rows)
         talker = self.model.talker
         active = self.active[rows].bool()
-        frames = self._predict_frame(num_rows)
+        frames = self._predict_frame(num_rows, top_k_bound)
         embeds = talker.embed_frame(frames) + talker.embed_text(self.text_ids[rows])
         positions = self.position[rows].clamp(max=self.max_positions - 1)[:, None]
         hidden, logits = self._talker_step(embeds[:, None], positions, num_rows, attended_length)
-        code0 = self._pick_code0(logits, rows)
+        code0 = self._pick_code0(logits, rows, top_k_bound)
         self.out[rows, :-1] = frames
         self.out[rows, -1] = code0
         self.last_hidden[rows] = torch.where(active[:, None], hidden[:, -1], self.last_hidden[rows])
@@ -412,10 +428,12 @@ class TalkerRunner:
         staged[0, active_rows] = 1
         staged[1, active_rows] = text_ids
         self.step_inputs.copy_(self._host_inputs[parity], non_blocking=True)
+        sorts = self._sorting_slots and not self._sorting_slots.isdisjoint(active_rows)
+        top_k_bound = 0 if sorts else FAST_TOP_K
         if self.graphs is not None:
-            self.graphs.run(num_rows, attended_length)
+            self.graphs.run(num_rows, attended_length, top_k_bound)
         else:
-            self.decode_compute(num_rows, attended_length)
+            self.decode_compute(num_rows, attended_length, top_k_bound)
         self._host_outputs[parity].copy_(self.out, non_blocking=True)
         done = None
         if self._step_done is not None:
