@@ -21,6 +21,8 @@ from chorus.vocoder.models.codec_convs import (
     CodecSnakeBeta,
     CodecStreamingModule,
     CodecUpsampleStage,
+    snake_into_conv,
+    takes_fused_path,
 )
 from chorus.vocoder.models.codec_state import CodecDecoderState, ContextSlot, StreamContexts
 from chorus.vocoder.models.codec_transformer import CodecTransformer
@@ -149,8 +151,13 @@ class CodecDecoder(nn.Module):
         hidden = hidden.transpose(1, 2)
         for stage in self.upsample:
             hidden = stage(hidden, contexts)
-        for module in self.decoder:
-            hidden = module(hidden) if isinstance(module, CodecSnakeBeta) else module(hidden, contexts)
+        *blocks, final_act, final_conv = self.decoder
+        for module in blocks:
+            hidden = module(hidden, contexts)
+        if takes_fused_path(hidden):  # the last conv keeps its bias: one output channel, a small pass
+            hidden = snake_into_conv(final_act, final_conv, hidden, contexts, conv_bias=True)
+        else:
+            hidden = final_conv(final_act(hidden), contexts)
         waveform = hidden.squeeze(1).clamp(min=-1.0, max=1.0)
         next_state = CodecDecoderState(state.num_frames + codes.shape[1], kv, contexts.new)
         return waveform, next_state
