@@ -6,8 +6,8 @@ temperature → top-k → top-p only. Greedy rows take the first argmax.
 
 The sort behind top-k and top-p is the costliest part of sampling on a GPU (a radix sort of the vocabulary per
 codebook, 16 a frame: ~0.4 ms of a 5 ms step on an H200). When every sampling row keeps at most `FAST_TOP_K` ids
-and top-p is off — the released defaults — `warp` takes the k-th largest score from a top-`FAST_TOP_K` selection
-instead, with the same result (see `warp`).
+and top-p is off — the released defaults — `warp` needs only each row's k-th largest score, with the same result
+(see `warp`): on CUDA from one Triton launch (`models.select_kernel`), elsewhere from a top-`FAST_TOP_K` selection.
 
 Random draws come from a counter-based hash of (seed, frame, codebook, vocabulary id) turned into Gumbel noise,
 so a row's draws depend only on its own seed and position: the same audio alone or in any batch, no generator
@@ -22,6 +22,7 @@ import torch
 
 _MASK32 = 0xFFFFFFFF
 FAST_TOP_K = 64  # the largest top-k that `warp`'s selection path serves (the released configs use 50)
+SELECT_KERNEL_DEVICES = ("cuda",)  # where that path takes the k-th largest score from `models.select_kernel`
 
 
 @dataclasses.dataclass
@@ -94,15 +95,14 @@ def warp(scores: torch.Tensor, params: RowParams, top_k_bound: int = 0) -> torch
     the same order — is ≤ 1 - top_p, never the top one.
 
     `top_k_bound` > 0 promises that every sampling row has 1 ≤ top_k ≤ `top_k_bound` and top_p = 1 (the caller
-    checks): the k-th largest value then comes from a top-`top_k_bound` selection, without sorting the vocabulary.
+    checks): the k-th largest value then comes from a selection (`kth_largest`), without sorting the vocabulary.
     It keeps the same ids, but for ids whose probability underflows to 0 in float32 (≥ 87 below the largest score),
     which top-p's `mass > 0` test drops and this path keeps: no draw can pick them, since Gumbel noise from 23-bit
     uniforms spans less than 20, so `choose` returns the same ids either way.
     """
     warped = scores / params.temperature[:, None]
     if top_k_bound:
-        largest = warped.topk(top_k_bound, dim=-1).values
-        kth = largest.gather(-1, (params.top_k.clamp(1, top_k_bound) - 1)[:, None])
+        kth = kth_largest(warped, params.top_k.clamp(1, top_k_bound), top_k_bound)
         return torch.where(params.do_sample[:, None], warped.masked_fill(warped < kth, float("-inf")), scores)
     vocab_size = scores.shape[-1]
     sorted_desc, order = warped.sort(dim=-1, descending=True)
@@ -115,6 +115,16 @@ def warp(scores: torch.Tensor, params: RowParams, top_k_bound: int = 0) -> torch
     keep_sorted[:, 0] = True
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     return torch.where(params.do_sample[:, None], warped.masked_fill(~keep, float("-inf")), scores)
+
+
+def kth_largest(scores: torch.Tensor, k: torch.Tensor, top_k_bound: int) -> torch.Tensor:
+    """The `k[b]`-th largest value `[B, 1]` of each row of `scores [B, V]`, ties counted, for `k` in 1..`top_k_bound`:
+    one Triton launch on `SELECT_KERNEL_DEVICES`, else `torch.topk`'s top-`top_k_bound` values."""
+    if scores.device.type in SELECT_KERNEL_DEVICES:
+        from chorus.talker.models import select_kernel  # imports Triton: only where the kernel runs
+
+        return select_kernel.kth_largest(scores, k)[:, None]
+    return scores.topk(top_k_bound, dim=-1).values.gather(-1, (k - 1)[:, None])
 
 
 def choose(scores: torch.Tensor, params: RowParams, frame: torch.Tensor, codebook: int) -> torch.Tensor:
