@@ -18,7 +18,7 @@
 #              tells whether encoding is what limits them)
 #   e2e        tts, then formats' mp3 and opus, then diffusion, all on one stack (the three stages' figures for one
 #              stack start), in one archive e2e-*.tgz
-#   sustained  the speech stack, REST at 64 for 1024 requests (steady quarters and memory per level)
+#   sustained  the speech stack, both transports at 64 for 1024 requests (steady quarters and memory per level)
 #   profile    the speech stack at 64 (pcm, mp3) and 256 (pcm), REST, ~20 s a level (PROFILE_LEVELS), with 10 s of
 #              py-spy (needs `../shared/tools/device-wheels.sh py-spy`) on the speech process and one gateway worker
 #              mid-level: profiles-*.tgz holds py-spy's raw stacks per thread, profile-*.txt (a failed attach says why
@@ -28,8 +28,9 @@
 #              0.6B Base checkpoint in the official layout, x-vector voice clones of 125 frames (the peers' times
 #              include their codec decode; ours is the talker alone, the `tts` stage times the whole pipeline)
 # The speech stack: `chorus serve speech` (talker and vocoder in one process), 4 gateway workers, released shapes
-# with dummy weights in bf16, TALKER_SLOTS (256) talker streams sharing a KV pool of KV_POSITIONS (262144, 30 GB at
-# 0.6B) positions; each stream may still reach the default 4608 (256 × 4608 would take 135 GB).
+# with dummy weights in bf16, the talker at its CUDA defaults (256 streams sharing a KV pool sized to half the free
+# GPU memory) unless TALKER_SLOTS / KV_POSITIONS say otherwise; each stream may still reach the default 4608
+# positions (256 × 4608 would take 135 GB at 0.6B; the pool preempts and resumes streams exactly when it runs dry).
 set -euo pipefail
 stage=${1:?usage: bench/gpu_wave.sh tests|engines|tts|formats|e2e|sustained|profile|diffusion|peers OUT}
 out=${2:?usage: bench/gpu_wave.sh STAGE OUT}
@@ -52,7 +53,7 @@ logs=$(mktemp -d)
 # Each setting may be overridden from the environment (a CPU smoke run of the plumbing: tiny models, TTS_LEVELS=1,2).
 export CHORUS_TALKER_MODEL=${CHORUS_TALKER_MODEL:-0.6b} CHORUS_TALKER_LOAD_FORMAT=${CHORUS_TALKER_LOAD_FORMAT:-dummy}
 export CHORUS_TALKER_DTYPE=${CHORUS_TALKER_DTYPE:-bfloat16}
-export CHORUS_TALKER_MAX_STREAMS=${TALKER_SLOTS:-256} CHORUS_TALKER_KV_CACHE_POSITIONS=${KV_POSITIONS:-262144}
+export CHORUS_TALKER_MAX_STREAMS=${TALKER_SLOTS:-0} CHORUS_TALKER_KV_CACHE_POSITIONS=${KV_POSITIONS:-0}
 export CHORUS_VOCODER_MODEL=${CHORUS_VOCODER_MODEL:-released} CHORUS_VOCODER_LOAD_FORMAT=${CHORUS_VOCODER_LOAD_FORMAT:-dummy}
 export CHORUS_VOCODER_DTYPE=${CHORUS_VOCODER_DTYPE:-bfloat16} CHORUS_VOCODER_MAX_STREAMS=${TALKER_SLOTS:-256}
 export CHORUS_DIFFUSION_LOAD_FORMAT=${CHORUS_DIFFUSION_LOAD_FORMAT:-dummy} CHORUS_GATEWAY_WORKERS=${GATEWAY_WORKERS:-4}
@@ -119,7 +120,7 @@ case $stage in
     ;;
   sustained)
     start_stack --speech-in-one-process
-    bench_tts --transport rest --concurrency 64 --requests-per-level 1024 --label "$label, sustained"
+    bench_tts --transport both --concurrency 64 --requests-per-level 1024 --label "$label, sustained"
     ;;
   profile)
     start_stack --speech-in-one-process

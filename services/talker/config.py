@@ -18,7 +18,9 @@ class TalkerConfig(ServiceConfig):
     )
     device: str = option("auto", "cuda, cpu, or auto (cuda when available).")
     dtype: str = option("auto", "bfloat16, float16, float32, or auto (bfloat16 on cuda, float32 on cpu).")
-    max_streams: int = option(64, "Concurrent synthesis streams (KV-cache slots); 0 sizes them from free GPU memory.")
+    max_streams: int = option(
+        0, "Concurrent synthesis streams (decode slots); 0: 256 on CUDA (the largest decode batch), 64 elsewhere."
+    )
     max_queue: int = option(256, "Requests waiting for a slot (or for text); more get RESOURCE_EXHAUSTED.")
     chunk_frames: int = option(
         25, "Default most codec frames per chunk (one frame = 80 ms); chunks grow 1, 2, 4, … up to it."
@@ -27,9 +29,15 @@ class TalkerConfig(ServiceConfig):
     max_positions: int = option(4608, "KV-cache positions per stream (prompt + frames): the longest request.")
     kv_cache_positions: int = option(
         0,
-        "KV-cache positions all streams share, in blocks of 64 (0: max_streams × max_positions, so no stream ever "
-        "waits for one). Fewer serve more streams in the same memory: when they run out, the newest stream is "
-        "preempted and resumes later exactly where it stopped.",
+        "KV-cache positions all streams share, in blocks of 64. Fewer than max_streams × max_positions serve more "
+        "streams in the same memory: when they run out, the newest stream is preempted and resumes later exactly "
+        "where it stopped. 0: on CUDA what kv_memory_fraction of the free GPU memory holds (at most max_streams × "
+        "max_positions); elsewhere max_streams × max_positions.",
+    )
+    kv_memory_fraction: float = option(
+        0.5,
+        "With kv_cache_positions 0 on CUDA: the share of the GPU memory free at start the KV pool takes (the rest is "
+        "for graphs and the vocoder and diffusion sharing the GPU; 0.5 of an H100's is ~330k positions at 0.6B).",
     )
     max_prefills_per_step: int = option(
         16, "New requests prefilled together in one step (one batched forward): a burst is admitted in fewer steps."
@@ -46,3 +54,9 @@ class TalkerConfig(ServiceConfig):
         True, "torch.compile the decode step's layers and sampling on CUDA (fewer kernels; ~1 min longer warm-up)."
     )
     cache_dir: str = option("~/.cache/chorus", "Where generated files (the tiny checkpoint, tokenizers) are kept.")
+
+    def __post_init__(self) -> None:
+        if not 0 < self.kv_memory_fraction <= 1:
+            raise ValueError(f"kv_memory_fraction: must be in (0, 1], got {self.kv_memory_fraction}")
+        if self.max_streams < 0 or self.kv_cache_positions < 0:
+            raise ValueError("max_streams and kv_cache_positions: must be at least 0 (0: sized automatically)")

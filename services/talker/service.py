@@ -263,6 +263,7 @@ class TalkerService(Service):
             max_streams=config.max_streams,
             max_positions=config.max_positions,
             kv_cache_positions=config.kv_cache_positions,
+            kv_memory_fraction=config.kv_memory_fraction,
             max_frames=config.max_frames,
             max_queue=config.max_queue,
             max_buffered_frames=config.max_buffered_frames,

@@ -3,6 +3,7 @@ step; the compiled layers compute what the plain modules compute (GPU only)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from chorus.talker.engine.engine import EngineConfig, TalkerEngine
+from chorus.talker.engine.kv_blocks import BLOCK_SIZE
 from chorus.talker.loader import TINY_CONFIG, TINY_SEED, LoadedTalker, build_random
 from chorus.talker.sampling import SamplingParams
 
@@ -104,3 +106,18 @@ def test_prefill_does_not_wait_for_the_gpu(tiny_loaded):
         assert host_s < gpu_s / 4, f"the prefill took {host_s:.3f} s of host time behind {gpu_s:.3f} s of GPU work"
         engine.run_until_idle()
         assert len(stream.collect()) == 8
+
+
+def test_defaults_on_cuda_serve_256_streams_from_a_pool_sized_by_free_memory(tiny_loaded):
+    model = build_random(TINY_CONFIG, TINY_SEED, device="cuda", dtype=torch.bfloat16)
+    loaded = LoadedTalker(model, tiny_loaded.tokenizer, tiny_loaded.sampling_defaults)
+    config = EngineConfig(max_streams=0, max_positions=4608, use_cuda_graphs=False)
+    engine = TalkerEngine(loaded, config)
+    assert engine.num_slots == 256
+    # The tiny model's positions are small: half the free memory holds more than every stream could use, so the
+    # pool is capped at every slot's max_positions (plus the spare block).
+    assert engine.kv_blocks.num_blocks * BLOCK_SIZE == 256 * 4608 + BLOCK_SIZE
+    del engine
+    starved = dataclasses.replace(config, kv_memory_fraction=1e-9)
+    with pytest.raises(ValueError, match="fewer than one stream's max_positions"):
+        TalkerEngine(loaded, starved)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from chorus.talker.engine.runner import TalkerRunner, batch_bucket, slots_for_memory
+from chorus.talker.engine.runner import TalkerRunner, batch_bucket, positions_for_memory
 from chorus.talker.prompt import VoiceRequest, build_prompt
 from chorus.talker.sampling import SamplingParams
 
@@ -48,5 +48,5 @@ def test_inactive_decode_steps_leave_requests_untouched(tiny_loaded):
 def test_bucket_and_capacity_arithmetic():
     assert [batch_bucket(n, 64) for n in (1, 3, 9, 17, 64)] == [1, 4, 16, 32, 64]
     assert batch_bucket(70, 70) == 70 and batch_bucket(5, 6) == 6
-    # 0.6B-sized KV: 112 KiB per position; 10 GiB free at 80 % holds 16 streams of 4608 positions.
-    assert slots_for_memory(10 * 2**30, 0.8, 112 * 1024, 4608) == 16
+    # 0.6B-sized KV: 112 KiB per position; half of 10 GiB holds 46811 positions, 46784 in whole blocks of 64.
+    assert positions_for_memory(10 * 2**30, 0.5, 112 * 1024) == 46784

@@ -24,7 +24,13 @@ from chorus.runtime.streams import use_own_stream
 from chorus.talker.engine.kv_blocks import BLOCK_SIZE, blocks_for
 from chorus.talker.engine.prefill import LENGTH_BUCKETS
 from chorus.talker.engine.request import FinishReason, Status, TalkerRequest
-from chorus.talker.engine.runner import DecodeLaunch, TalkerRunner, kv_bytes_per_position, slots_for_memory
+from chorus.talker.engine.runner import (
+    BATCH_BUCKETS,
+    DecodeLaunch,
+    TalkerRunner,
+    kv_bytes_per_position,
+    positions_for_memory,
+)
 from chorus.talker.engine.scheduler import Scheduler
 from chorus.talker.engine.stream import FrameStream
 from chorus.talker.loader import LoadedTalker
@@ -32,6 +38,8 @@ from chorus.talker.prompt import PromptError, VoiceRequest, build_prompt, valida
 from chorus.talker.sampling import SamplingParams
 
 FRAME_RATE_HZ = 12.5
+AUTO_SLOTS_CUDA = BATCH_BUCKETS[-1]  # max_streams 0 on CUDA: the largest decode batch, sharing a paged KV pool
+AUTO_SLOTS_ELSEWHERE = 64
 # The event loop's thread hands the GIL to the engine thread only after this long (CPython's default is 5 ms): with
 # gRPC traffic on the loop, the default could idle the GPU for most of a 6 ms step each time the engine came back
 # from waiting on it.
@@ -45,11 +53,12 @@ class EngineFullError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    max_streams: int = 64  # KV-cache slots; 0 = as many as `kv_memory_fraction` of free device memory holds
+    max_streams: int = 64  # decode slots; 0: 256 on CUDA (the largest decode batch bucket), 64 elsewhere
     max_positions: int = 4608  # cache positions per stream: prompt + frames
-    # The KV pool all streams share (0: max_streams × max_positions, so no stream ever waits for one). A smaller
-    # pool serves more streams in the same memory: when it runs dry, the newest streams are preempted and later
-    # resume exactly where they stopped (their frames recomputed as a prefill).
+    # The KV pool all streams share. A pool smaller than max_streams × max_positions serves more streams in the same
+    # memory: when it runs dry, the newest streams are preempted and later resume exactly where they stopped (their
+    # frames recomputed as a prefill). 0: on CUDA, what `kv_memory_fraction` of the free memory holds, at most
+    # max_streams × max_positions; elsewhere max_streams × max_positions, so no stream ever waits for one.
     kv_cache_positions: int = 0
     max_frames: int = 4096  # default and upper limit of frames per request
     max_queue: int = 256  # requests waiting for a slot or for text
@@ -58,7 +67,7 @@ class EngineConfig:
     use_cuda_graphs: bool = True
     compile_step: bool = False
     stream_priority: int | None = None  # run on a CUDA stream of this priority (None: the default stream)
-    kv_memory_fraction: float = 0.8
+    kv_memory_fraction: float = 0.5  # leaves the rest to graphs and the engines beside it on the same GPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,14 +103,16 @@ class TalkerEngine:
         self.loaded = loaded
         self.model_config = loaded.config
         self.config = config
-        self.num_slots = config.max_streams or self._slots_from_memory(loaded)
+        on_cuda = loaded.model.talker.codec_head.weight.device.type == "cuda"
+        self.num_slots = config.max_streams or (AUTO_SLOTS_CUDA if on_cuda else AUTO_SLOTS_ELSEWHERE)
+        kv_cache_positions = config.kv_cache_positions or (self._kv_positions_from_memory(loaded) if on_cuda else 0)
         self.runner = TalkerRunner(
             loaded.model,
             self.num_slots,
             config.max_positions,
             config.use_cuda_graphs,
             config.compile_step,
-            config.kv_cache_positions,
+            kv_cache_positions,
         )
         self.kv_blocks = self.runner.kv_blocks
         pad_id = self.model_config.text_ids.tts_pad
@@ -117,22 +128,29 @@ class TalkerEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
 
-    def _slots_from_memory(self, loaded: LoadedTalker) -> int:
+    def _kv_positions_from_memory(self, loaded: LoadedTalker) -> int:
+        """The KV pool's positions when none are set, on CUDA: what `kv_memory_fraction` of the free memory holds,
+        at most every slot's `max_positions` (more could never be used)."""
         weight = loaded.model.talker.codec_head.weight
-        if weight.device.type != "cuda":
-            raise ValueError("max_streams: 0 (size from free memory) needs a CUDA device; set a number")
         free_bytes, _ = torch.cuda.mem_get_info(weight.device)
         per_position = kv_bytes_per_position(loaded.model, weight.dtype)
-        slots = slots_for_memory(free_bytes, self.config.kv_memory_fraction, per_position, self.config.max_positions)
-        if slots == 0:
-            raise ValueError(f"max_positions: not even one stream of {self.config.max_positions} positions fits")
+        max_positions = self.config.max_positions
+        positions = positions_for_memory(free_bytes, self.config.kv_memory_fraction, per_position)
+        positions = min(positions, self.num_slots * max_positions)
+        if positions < max_positions:
+            raise ValueError(
+                f"kv_cache_positions: {self.config.kv_memory_fraction:.0%} of the {free_bytes / 2**30:.1f} GiB free "
+                f"holds {positions} positions, fewer than one stream's max_positions ({max_positions}): lower "
+                "max_positions, raise kv_memory_fraction or free GPU memory"
+            )
         _log.info(
-            "talker KV cache: %d slots of %d positions from %.1f GiB free",
-            slots,
-            self.config.max_positions,
+            "talker KV cache: %d positions (%.1f GiB) shared by %d streams, from %.1f GiB free",
+            positions,
+            positions * per_position / 2**30,
+            self.num_slots,
             free_bytes / 2**30,
         )
-        return slots
+        return positions
 
     # ---- request API (any thread) ----
 

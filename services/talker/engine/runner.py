@@ -38,9 +38,9 @@ def kv_bytes_per_position(model: Qwen3TTSModel, dtype: torch.dtype) -> int:
     return 2 * block.num_hidden_layers * block.num_key_value_heads * block.head_dim * torch.finfo(dtype).bits // 8
 
 
-def slots_for_memory(free_bytes: int, utilization: float, bytes_per_position: int, max_positions: int) -> int:
-    """How many streams of `max_positions` fit in `utilization` of `free_bytes` (after weights and warm-up)."""
-    return max(0, int(free_bytes * utilization) // (bytes_per_position * max_positions))
+def positions_for_memory(free_bytes: int, utilization: float, bytes_per_position: int) -> int:
+    """How many KV positions, in whole blocks, fit in `utilization` of `free_bytes`."""
+    return max(0, int(free_bytes * utilization) // bytes_per_position) // BLOCK_SIZE * BLOCK_SIZE
 
 
 def batch_bucket(num_rows: int, max_rows: int) -> int:
