@@ -11,7 +11,10 @@ from chorus.vocoder.loader import load_codec
 
 
 @pytest.mark.gpu
-def test_graph_replay_equals_eager():
+def test_graph_replay_equals_eager(monkeypatch):
+    # fp32 convs in full fp32: channels-last, cuDNN picks TF32 kernels for some batch sizes and not others (an H200
+    # gave 1e-3 between the bucket of 4 and an eager batch of 3), which is not what this test compares.
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     decoder = load_codec("tiny", device="cuda").decoder
     graphs = CodecRunner(decoder, max_streams=6, graph_batch_sizes=(1, 2, 4), graph_chunk_frames=(1, 25))
     eager = CodecRunner(decoder, max_streams=6)

@@ -54,6 +54,10 @@ def build_engine(
     is_graphed = use_cuda_graphs and device.type == "cuda"
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # few distinct conv shapes (graph buckets): autotune each once
+        # float32 means float32: with channels-last activations cuDNN picks TF32 kernels for some batch sizes and
+        # not others (~1e-3 apart on an H200), so a stream's samples would depend on the batch it was decoded in.
+        if codec.decoder.pre_conv.conv.weight.dtype == torch.float32:
+            torch.backends.cudnn.allow_tf32 = False
     if is_graphed:
         settings = dataclasses.replace(settings, piece_lengths=graph_chunk_frames)
     runner = CodecRunner(

@@ -8,6 +8,7 @@ import bisect
 import torch
 
 from chorus.runtime.streams import capture_graph
+from chorus.vocoder.models.codec_convs import channels_last_conv_weights_
 from chorus.vocoder.models.codec_decoder import CodecDecoder
 
 
@@ -25,6 +26,8 @@ class CodecRunner:
     ) -> None:
         self.decoder = decoder
         self.device = decoder.pre_conv.conv.weight.device
+        if self.device.type == "cuda":  # the fused path's activations are channels-last: its weights too, once
+            channels_last_conv_weights_(decoder)
         self.max_streams = max_streams
         self.scratch_slot = max_streams
         self.pool = decoder.new_state(max_streams + 1)

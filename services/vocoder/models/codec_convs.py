@@ -6,7 +6,10 @@ last samples of the previous chunk instead (zeros for a new stream), so both com
 Two paths compute the same thing. Off CUDA, the PyTorch chain the reference uses. On CUDA (the fused path),
 the elementwise glue runs as the Triton kernels of `codec_kernels`: a SnakeBeta writes straight into the
 padded input of the conv after it (no `torch.cat` of the left context), and a conv followed by one of
-these kernels runs without its bias, which the kernel adds (no bias pass over the conv output).
+these kernels runs without its bias, which the kernel adds (no bias pass over the conv output). The fused path
+also keeps a channels-last input channels-last ((B, C, T) with (B, T, C) memory, as the pre-transformer's transposed
+output is): every buffer it allocates follows its input's layout, and its convs run as 2D convs of (B, C, 1, T)
+views (`conv_as_2d`), which cuDNN's NHWC kernels read and write without layout conversions.
 """
 
 from __future__ import annotations
@@ -26,6 +29,36 @@ def takes_fused_path(hidden: torch.Tensor) -> bool:
     return hidden.is_cuda if FUSED_PATH is None else FUSED_PATH
 
 
+def conv_as_2d(conv: nn.Conv1d | nn.ConvTranspose1d, hidden: torch.Tensor, bias: bool = True) -> torch.Tensor:
+    """`conv(hidden)` as the 2D conv of hidden's (B, C_in, 1, T) view, `bias=False` without the bias; the output
+    (B, C_out, T_out) comes back in the layout cuDNN picked: channels-last for a channels-last input or weight.
+
+    ATen's conv1d copies a 3D input to contiguous before it views it as 4D, so a channels-last activation would be
+    copied to NCW and cuDNN's bf16 kernels, which run NHWC, would convert it back (and the output too). The 4D view
+    of a channels-last (B, C, T) is `torch.channels_last`, which cuDNN reads as it is."""
+    weight, bias_or_none = conv.weight.unsqueeze(2), conv.bias if bias else None
+    stride, padding, dilation = (1, conv.stride[0]), (0, conv.padding[0]), (1, conv.dilation[0])
+    if isinstance(conv, nn.ConvTranspose1d):
+        output_padding = (0, conv.output_padding[0])
+        output = F.conv_transpose2d(
+            hidden.unsqueeze(2), weight, bias_or_none, stride, padding, output_padding, conv.groups, dilation
+        )
+    else:
+        output = F.conv2d(hidden.unsqueeze(2), weight, bias_or_none, stride, padding, dilation, conv.groups)
+    return output.squeeze(2)
+
+
+@torch.no_grad()
+def channels_last_conv_weights_(module: nn.Module) -> None:
+    """Restrides every conv weight under `module` in place to channels-last ((O, I, K) with strides (K·I, 1, I)), the
+    layout cuDNN's NHWC kernels read: `conv_as_2d` would otherwise copy each weight to it on every call. Names, shapes
+    and values stay, so `state_dict` and `load_state_dict` see what they saw; `.to()` keeps the strides."""
+    for child in module.modules():
+        weight = child.weight if isinstance(child, (nn.Conv1d, nn.ConvTranspose1d)) else None
+        if weight is not None and not weight.unsqueeze(2).is_contiguous(memory_format=torch.channels_last):
+            weight.data = weight.data.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 class CodecStreamingModule(nn.Module):
     """A module that keeps `context_channels × context_samples` of its input between chunks."""
 
@@ -34,12 +67,24 @@ class CodecStreamingModule(nn.Module):
     context_slot: ContextSlot | None = None
 
     def padded_input(self, hidden: torch.Tensor, contexts: StreamContexts) -> torch.Tensor:
-        """A new (B, C_in, context_samples + T) input for `hidden` (B, C_in, T): the left context in its first
-        columns, the rest left for the producer of `hidden` to write (then call `forward_padded`)."""
+        """A new (B, C_in, context_samples + T) input for `hidden` (B, C_in, T), in hidden's layout (channels-last
+        or contiguous): the left context in its first columns, the rest left for the producer of `hidden` to write
+        (then call `forward_padded`)."""
+        from chorus.vocoder.models.codec_kernels import new_activation
+
         assert self.context_slot is not None
-        batch, channels, num_samples = hidden.shape
-        padded = hidden.new_empty(batch, channels, self.context_samples + num_samples)
+        padded = new_activation(hidden, self.context_samples + hidden.shape[-1])
         padded[..., : self.context_samples].copy_(contexts.read(self.context_slot))
+        return padded
+
+    def with_context(self, hidden: torch.Tensor, contexts: StreamContexts) -> torch.Tensor:
+        """`hidden` (B, C_in, T) with the left context prepended. On the fused path into a `padded_input` (one copy,
+        as `torch.cat`, but in hidden's layout: cat's 3D output is always contiguous)."""
+        assert self.context_slot is not None
+        if not takes_fused_path(hidden):
+            return torch.cat([contexts.read(self.context_slot), hidden], dim=-1)
+        padded = self.padded_input(hidden, contexts)
+        padded[..., self.context_samples :].copy_(hidden)
         return padded
 
     def save_context(self, padded: torch.Tensor, contexts: StreamContexts) -> None:
@@ -59,14 +104,15 @@ class CodecCausalConv1d(CodecStreamingModule):
 
     def forward(self, hidden: torch.Tensor, contexts: StreamContexts) -> torch.Tensor:
         if self.context_samples == 0:
-            return self.conv(hidden)
-        assert self.context_slot is not None
-        return self.forward_padded(torch.cat([contexts.read(self.context_slot), hidden], dim=-1), contexts)
+            return conv_as_2d(self.conv, hidden) if takes_fused_path(hidden) else self.conv(hidden)
+        return self.forward_padded(self.with_context(hidden, contexts), contexts)
 
     def forward_padded(self, padded: torch.Tensor, contexts: StreamContexts, bias: bool = True) -> torch.Tensor:
         """The conv of a (B, C_in, context_samples + T) padded input; `bias=False` leaves the bias to the caller."""
         self.save_context(padded, contexts)
         conv = self.conv
+        if takes_fused_path(padded):
+            return conv_as_2d(conv, padded, bias)
         return F.conv1d(padded, conv.weight, conv.bias if bias else None, dilation=conv.dilation, groups=conv.groups)
 
 
@@ -88,16 +134,19 @@ class CodecCausalConvTranspose1d(CodecStreamingModule):
 
     def forward(self, hidden: torch.Tensor, contexts: StreamContexts) -> torch.Tensor:
         if self.context_samples == 0:
-            return self.conv(hidden)[..., : hidden.shape[-1] * self.stride]
-        assert self.context_slot is not None
-        return self.forward_padded(torch.cat([contexts.read(self.context_slot), hidden], dim=-1), contexts)
+            output = conv_as_2d(self.conv, hidden) if takes_fused_path(hidden) else self.conv(hidden)
+            return output[..., : hidden.shape[-1] * self.stride]
+        return self.forward_padded(self.with_context(hidden, contexts), contexts)
 
     def forward_padded(self, padded: torch.Tensor, contexts: StreamContexts, bias: bool = True) -> torch.Tensor:
         """The output of a (B, C_in, context_samples + T) padded input: a strided view of (B, C_out, T·stride);
         `bias=False` leaves the bias to the caller."""
         self.save_context(padded, contexts)
         conv = self.conv
-        output = F.conv_transpose1d(padded, conv.weight, conv.bias if bias else None, stride=self.stride)
+        if takes_fused_path(padded):
+            output = conv_as_2d(conv, padded, bias)
+        else:
+            output = F.conv_transpose1d(padded, conv.weight, conv.bias if bias else None, stride=self.stride)
         start = self.context_samples * self.stride
         return output[..., start : start + (padded.shape[-1] - self.context_samples) * self.stride]
 
@@ -146,7 +195,9 @@ def snake_into_conv(
 
 
 class CodecConvNeXtBlock(nn.Module):
-    """Causal depthwise conv (k7) → LayerNorm → MLP ×4 (exact GELU) → γ, plus residual. (B, C, T) → (B, C, T)."""
+    """Causal depthwise conv (k7) → LayerNorm → MLP ×4 (exact GELU) → γ, plus residual. (B, C, T) → (B, C, T).
+
+    A channels-last input stays channels-last, and the transposes around the MLP are then free (no copies)."""
 
     def __init__(self, dim: int):
         super().__init__()
@@ -195,12 +246,12 @@ class CodecResidualUnit(nn.Module):
     ) -> torch.Tensor:
         """The unit's output for input `hidden + hidden_bias` (hidden any strides, bias (C,) or None), with three
         kernels beside the two bias-free convs: snake into conv1's padded input, snake of conv1's output plus its
-        bias, and the residual sum with both biases. (B, C, T) → contiguous (B, C, T)."""
+        bias, and the residual sum with both biases. (B, C, T) → (B, C, T) in hidden's layout."""
         from chorus.vocoder.models.codec_kernels import add_residual
 
         update = snake_into_conv(self.act1, self.conv1, hidden, contexts, hidden_bias)
         update = self.act2.fused(update, self.conv1.conv.bias)
-        update = F.conv1d(update, self.conv2.conv.weight)  # k1: no context to keep
+        update = conv_as_2d(self.conv2.conv, update, bias=False)  # k1: no context to keep
         return add_residual(hidden, hidden_bias, update, self.conv2.conv.bias)
 
 

@@ -21,6 +21,7 @@ from chorus.vocoder.models.codec_convs import (
     CodecSnakeBeta,
     CodecStreamingModule,
     CodecUpsampleStage,
+    conv_as_2d,
     snake_into_conv,
     takes_fused_path,
 )
@@ -66,7 +67,8 @@ class CodecResidualQuantizer(nn.Module):
         summed = self.vq.layers[0]._codebook(codes[..., 0])
         for index, layer in enumerate(self.vq.layers[1:], start=1):
             summed = summed + layer._codebook(codes[..., index])
-        return self.output_proj(summed.transpose(1, 2))
+        summed = summed.transpose(1, 2)  # channels-last (B, dim, T), kept so on the fused path
+        return conv_as_2d(self.output_proj, summed) if takes_fused_path(summed) else self.output_proj(summed)
 
 
 class CodecSplitQuantizer(nn.Module):
@@ -89,6 +91,10 @@ class CodecDecoder(nn.Module):
 
     `forward(codes, state)` with a fresh state is the one-shot decode; calling it again with the
     returned state continues the stream: any split into chunks gives the same samples.
+
+    On the fused (CUDA) path the activations stay channels-last from the quantizer to the last conv: the
+    quantizer's and pre-transformer's (B, T, C) outputs transpose to channels-last (B, C, T) for free, the pre-conv's
+    output back to the transformer's (B, T, C) too, and every conv and kernel after keeps the layout.
     """
 
     def __init__(self, config: CodecDecoderConfig):

@@ -10,6 +10,11 @@ convolutions about 12 ms. So these kernels also add the bias of the conv that pr
 without theirs), read and write any strides, and so write a snake straight into the chunk columns of the next
 conv's padded input (no cat) and read a transposed conv's output slice in place (no `.contiguous()` copy).
 
+The next profile (42 ms) spent 9.2 ms in cuDNN's NCHW ↔ NHWC conversions around its bf16 convolutions, which run
+NHWC. So the fused path keeps its activations channels-last ((B, C, T) with (B, T, C) memory), each new buffer in
+the layout of its input (`new_activation`), and the kernels work on [samples × channels] tiles whose memory is
+contiguous along whichever axis has stride 1, so either layout is read and written coalesced.
+
 Every kernel computes in fp32 registers and rounds once to the output dtype. In bf16 the fused path differs from
 the eager chain only by that chain's intermediate roundings: a bias is added in fp32 to the conv's output and
 rounded with the kernel's result, where eager rounds `conv + bias` first, and a residual sum
@@ -22,23 +27,43 @@ import torch
 import triton
 import triton.language as tl
 
-_BLOCK = 1024
+# A program's tile: 2048 elements of one batch row, 32 channels × 64 samples where there are 32 channels or more (the
+# released counts, 1024 and 96 · 2^k, are multiples of 32: a tile row is 64 contiguous bf16 bytes channels-last, 128
+# contiguous), fewer channels × more samples below.
+_TILE_SIZE = 2048
+_MAX_BLOCK_CHANNELS = 32
+
+
+def is_channels_last(hidden: torch.Tensor) -> bool:
+    """Whether a [B, C, T] tensor keeps each sample's channels together in memory, as a transposed (B, T, C) does
+    (one sample is either layout: it counts as channels-last, as cuDNN's output for it may have any strides)."""
+    return hidden.stride(1) < hidden.stride(2) or hidden.shape[2] == 1
+
+
+def new_activation(like: torch.Tensor, num_samples: int | None = None) -> torch.Tensor:
+    """An uninitialised [B, C, num_samples] (default: like's T) in the layout of `like`: channels-last (strides
+    (T·C, 1, C)) if `like` is, else contiguous. The fused path allocates every activation so, which keeps a
+    channels-last decode channels-last from conv to conv."""
+    batch, channels, samples = like.shape
+    samples = samples if num_samples is None else num_samples
+    if is_channels_last(like):
+        return like.new_empty(batch, samples, channels).transpose(1, 2)
+    return like.new_empty(batch, channels, samples)
 
 
 @triton.jit
-def _load_row(ptr, bias_ptr, batch, channel, offsets, mask, stride_b, stride_c, stride_t, HAS_BIAS: tl.constexpr):
-    """One block of row (batch, channel) of a [B, C, T] tensor of any strides, in fp32, plus the channel's bias."""
-    start = batch.to(tl.int64) * stride_b + channel.to(tl.int64) * stride_c
-    row = tl.load(ptr + start + offsets.to(tl.int64) * stride_t, mask=mask).to(tl.float32)
-    if HAS_BIAS:
-        row += tl.load(bias_ptr + channel).to(tl.float32)
-    return row
+def _tile_pointers(ptr, batch, channels, samples, stride_b, stride_c, stride_t):
+    """[BLOCK_SAMPLES, BLOCK_CHANNELS] pointers into batch row `batch` of a [B, C, T] tensor of any strides. Triton
+    compiles a stride of 1 in as a constant and lays the tile out along that axis, so loads and stores are coalesced
+    whether samples (contiguous) or channels (channels-last) are adjacent in memory."""
+    row = ptr + batch.to(tl.int64) * stride_b
+    return row + samples.to(tl.int64)[:, None] * stride_t + channels.to(tl.int64)[None, :] * stride_c
 
 
 @triton.jit
-def _store_row(ptr, values, batch, channel, offsets, mask, stride_b, stride_c, stride_t):
-    start = batch.to(tl.int64) * stride_b + channel.to(tl.int64) * stride_c
-    tl.store(ptr + start + offsets.to(tl.int64) * stride_t, values.to(ptr.dtype.element_ty), mask=mask)
+def _per_channel(ptr, channels, in_channels):
+    """A [C] vector's entries for the tile's channels, as a [1, BLOCK_CHANNELS] row in fp32."""
+    return tl.load(ptr + channels, mask=in_channels).to(tl.float32)[None, :]
 
 
 @triton.jit
@@ -57,16 +82,22 @@ def _snake_kernel(
     out_stride_c,
     out_stride_t,
     HAS_BIAS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK_SAMPLES: tl.constexpr,
+    BLOCK_CHANNELS: tl.constexpr,
 ):
-    row = tl.program_id(0)  # one (batch, channel) row
-    batch, channel = row // num_channels, row % num_channels
-    offsets = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    in_row = offsets < num_samples
-    x = _load_row(x_ptr, bias_ptr, batch, channel, offsets, in_row, x_stride_b, x_stride_c, x_stride_t, HAS_BIAS)
-    wave = tl.sin(x * tl.load(alpha_ptr + channel))
-    snake = x + tl.load(inv_beta_ptr + channel) * wave * wave
-    _store_row(out_ptr, snake, batch, channel, offsets, in_row, out_stride_b, out_stride_c, out_stride_t)
+    samples = tl.program_id(0) * BLOCK_SAMPLES + tl.arange(0, BLOCK_SAMPLES)
+    channels = tl.program_id(1) * BLOCK_CHANNELS + tl.arange(0, BLOCK_CHANNELS)
+    batch = tl.program_id(2)
+    in_channels = channels < num_channels
+    mask = (samples < num_samples)[:, None] & in_channels[None, :]
+    x_ptrs = _tile_pointers(x_ptr, batch, channels, samples, x_stride_b, x_stride_c, x_stride_t)
+    x = tl.load(x_ptrs, mask=mask).to(tl.float32)
+    if HAS_BIAS:
+        x += _per_channel(bias_ptr, channels, in_channels)
+    wave = tl.sin(x * _per_channel(alpha_ptr, channels, in_channels))
+    snake = x + _per_channel(inv_beta_ptr, channels, in_channels) * wave * wave
+    out_ptrs = _tile_pointers(out_ptr, batch, channels, samples, out_stride_b, out_stride_c, out_stride_t)
+    tl.store(out_ptrs, snake.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -84,21 +115,36 @@ def _residual_kernel(
     y_stride_b,
     y_stride_c,
     y_stride_t,
+    out_stride_b,
+    out_stride_c,
+    out_stride_t,
     HAS_X_BIAS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK_SAMPLES: tl.constexpr,
+    BLOCK_CHANNELS: tl.constexpr,
 ):
-    row = tl.program_id(0)  # one (batch, channel) row; `out` is contiguous
-    batch, channel = row // num_channels, row % num_channels
-    offsets = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    in_row = offsets < num_samples
-    x = _load_row(x_ptr, x_bias_ptr, batch, channel, offsets, in_row, x_stride_b, x_stride_c, x_stride_t, HAS_X_BIAS)
-    y = _load_row(y_ptr, y_bias_ptr, batch, channel, offsets, in_row, y_stride_b, y_stride_c, y_stride_t, True)
-    _store_row(out_ptr, x + y, batch, channel, offsets, in_row, num_channels * num_samples, num_samples, 1)
+    samples = tl.program_id(0) * BLOCK_SAMPLES + tl.arange(0, BLOCK_SAMPLES)
+    channels = tl.program_id(1) * BLOCK_CHANNELS + tl.arange(0, BLOCK_CHANNELS)
+    batch = tl.program_id(2)
+    in_channels = channels < num_channels
+    mask = (samples < num_samples)[:, None] & in_channels[None, :]
+    x_ptrs = _tile_pointers(x_ptr, batch, channels, samples, x_stride_b, x_stride_c, x_stride_t)
+    x = tl.load(x_ptrs, mask=mask).to(tl.float32)
+    if HAS_X_BIAS:
+        x += _per_channel(x_bias_ptr, channels, in_channels)
+    y_ptrs = _tile_pointers(y_ptr, batch, channels, samples, y_stride_b, y_stride_c, y_stride_t)
+    y = tl.load(y_ptrs, mask=mask).to(tl.float32) + _per_channel(y_bias_ptr, channels, in_channels)
+    out_ptrs = _tile_pointers(out_ptr, batch, channels, samples, out_stride_b, out_stride_c, out_stride_t)
+    tl.store(out_ptrs, (x + y).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _grid(hidden: torch.Tensor) -> tuple[int, int]:
+def _tiling(hidden: torch.Tensor) -> tuple[tuple[int, int, int], dict[str, int]]:
+    """The launch grid and tile shape for `hidden` [B, C, T]."""
     batch, channels, samples = hidden.shape
-    return batch * channels, triton.cdiv(samples, _BLOCK)
+    block_channels = min(triton.next_power_of_2(channels), _MAX_BLOCK_CHANNELS)
+    block_samples = _TILE_SIZE // block_channels
+    # Samples on grid axis 0, the only one that allows more than 65,535 blocks.
+    grid = (triton.cdiv(samples, block_samples), triton.cdiv(channels, block_channels), batch)
+    return grid, {"BLOCK_SAMPLES": block_samples, "BLOCK_CHANNELS": block_channels}
 
 
 def snake(
@@ -115,16 +161,17 @@ def snake(
         log_alpha, log_beta: [C], the checkpoint's parameters.
         bias: [C] or None, the bias of the conv that produced `hidden` and ran without it.
         out: [B, C, T] to write into, any strides (the chunk part of a conv's padded input, say), or None for a
-            new contiguous tensor.
+            new tensor in the layout of `hidden` (`new_activation`).
 
     Returns:
         `out`.
     """
-    out = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if out is None else out
+    out = new_activation(hidden) if out is None else out
     assert out.shape == hidden.shape, (out.shape, hidden.shape)
     alpha = log_alpha.float().exp()
     inv_beta = 1.0 / (log_beta.float().exp() + 1e-9)
-    _snake_kernel[_grid(hidden)](
+    grid, tile = _tiling(hidden)
+    _snake_kernel[grid](
         hidden,
         hidden if bias is None else bias,
         alpha,
@@ -135,7 +182,7 @@ def snake(
         *hidden.stride(),
         *out.stride(),
         HAS_BIAS=bias is not None,
-        BLOCK=_BLOCK,
+        **tile,
     )
     return out
 
@@ -143,12 +190,14 @@ def snake(
 def add_residual(
     hidden: torch.Tensor, hidden_bias: torch.Tensor | None, update: torch.Tensor, update_bias: torch.Tensor
 ) -> torch.Tensor:
-    """(hidden + hidden_bias) + (update + update_bias), biases [C] per channel, as a new contiguous [B, C, T].
+    """(hidden + hidden_bias) + (update + update_bias), biases [C] per channel, as a new [B, C, T] in the layout of
+    `hidden` (`new_activation`).
 
     `hidden` and `update` may have any strides; `hidden_bias` None adds nothing to `hidden`."""
     assert hidden.shape == update.shape, (hidden.shape, update.shape)
-    out = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
-    _residual_kernel[_grid(hidden)](
+    out = new_activation(hidden)
+    grid, tile = _tiling(hidden)
+    _residual_kernel[grid](
         hidden,
         hidden if hidden_bias is None else hidden_bias,
         update,
@@ -158,7 +207,8 @@ def add_residual(
         hidden.shape[2],
         *hidden.stride(),
         *update.stride(),
+        *out.stride(),
         HAS_X_BIAS=hidden_bias is not None,
-        BLOCK=_BLOCK,
+        **tile,
     )
     return out

@@ -74,7 +74,7 @@ class StreamContexts:
 
     def __init__(self, old: torch.Tensor) -> None:
         self.old = old
-        self.new = torch.empty_like(old)
+        self.new = torch.empty_like(old, memory_format=torch.contiguous_format)
 
     def read(self, slot: ContextSlot) -> torch.Tensor:
         """(B, num_channels, num_samples) left context before this chunk."""
@@ -82,4 +82,6 @@ class StreamContexts:
         return flat.view(-1, slot.num_channels, slot.num_samples)
 
     def write(self, slot: ContextSlot, context: torch.Tensor) -> None:
-        self.new[:, slot.offset : slot.offset + slot.size] = context.reshape(context.shape[0], slot.size)
+        """Keeps a (B, num_channels, num_samples) context of any strides (one copy) for the next chunk."""
+        flat = self.new[:, slot.offset : slot.offset + slot.size]
+        flat.view(-1, slot.num_channels, slot.num_samples).copy_(context)
