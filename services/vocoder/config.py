@@ -27,11 +27,6 @@ class VocoderConfig(ServiceConfig):
     batch_window_ms: float = option(
         2.0, "How long new work waits so concurrent chunks share one forward (not when no other stream could join)."
     )
-    ahead_window_ms: float = option(
-        20.0,
-        "How long the batching window may stretch while every stream with work has over 1 s of audio ahead of its "
-        "listener (steady streams then share larger batches; a stream that is not ahead ends the wait).",
-    )
     idle_timeout_s: float = option(60.0, "A stream nobody sends to or reads from for this long is freed.")
     max_reference_audio_s: float = option(60.0, "Longest reference audio `Encode` accepts.")
     use_cuda_graphs: bool = option(True, "Capture CUDA graphs per (batch, chunk length) bucket on CUDA.")

@@ -136,7 +136,6 @@ class VocoderService(Service):
         settings = EngineSettings(
             max_batch_size=config.max_batch_size,
             batch_window_s=config.batch_window_ms / 1e3,
-            ahead_window_s=config.ahead_window_ms / 1e3,
             idle_timeout_s=config.idle_timeout_s,
             max_reference_audio_s=config.max_reference_audio_s,
         )

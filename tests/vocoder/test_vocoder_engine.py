@@ -252,38 +252,3 @@ async def test_the_batching_window_waits_only_for_streams_that_could_join(tiny_c
                 assert waited_s < window_s / 2, f"a lone stream waited {waited_s:.2f} s"
     finally:
         await engine.stop()
-
-
-async def test_streams_well_ahead_of_their_listeners_wait_longer_to_share_a_batch(tiny_codec):
-    """Two streams with seconds of audio decoded: a chunk of one waits for the other's, arriving 30 ms later, within
-    the stretched window (one batch); without the stretch they decode apart. A new stream's first chunk, not ahead,
-    ends the wait at once."""
-    codes = random_codes(60, seed=3, batch_size=3)
-    for ahead_window_s, expected_sizes in ((0.3, [2]), (0.0, [1, 1])):
-        reports: list[BatchReport] = []
-        settings = EngineSettings(batch_window_s=0.005, ahead_window_s=ahead_window_s, piece_lengths=(1, 2, 4, 25))
-        engine = DecodeEngine(CodecRunner(tiny_codec.decoder, max_streams=4), settings, on_batch=reports.append)
-        await engine.start()
-        try:
-            first, second = engine.open_stream("first"), engine.open_stream("second")
-            for stream in (first, second):  # 50 frames: 4 s of audio, decoded in well under a second
-                await stream.send(codes[0, :50].numpy())
-                while stream.num_frames_decoded < 50:
-                    await anext(stream)
-            reports.clear()
-            await first.send(codes[1, :4].numpy())
-            await asyncio.sleep(0.03)
-            await second.send(codes[2, :4].numpy())
-            await anext(first)
-            await anext(second)
-            assert [report.batch_size for report in reports] == expected_sizes
-            if ahead_window_s:  # a newcomer is not ahead: its first chunk is not held for the stretched window
-                async with engine.open_stream("newcomer") as newcomer:
-                    started = asyncio.get_running_loop().time()
-                    await newcomer.send(codes[0, :1].numpy())
-                    await anext(newcomer)
-                    assert asyncio.get_running_loop().time() - started < ahead_window_s / 2
-            first.close()
-            second.close()
-        finally:
-            await engine.stop()

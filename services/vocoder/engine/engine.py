@@ -30,11 +30,6 @@ from chorus.vocoder.models.codec_encoder import CodecEncoder
 class EngineSettings:
     max_batch_size: int = 64
     batch_window_s: float = 0.002  # wait this long after new work so concurrent chunks share a forward
-    # While every stream with work is at least `ahead_lead_s` of audio ahead of real time, the window stretches up to
-    # `ahead_window_s` (in steps of `batch_window_s`, ending early when an urgent stream comes): out of step with
-    # each other, streams past their first chunks would otherwise decode a few at a time.
-    ahead_window_s: float = 0.02
-    ahead_lead_s: float = 1.0
     max_chunk_frames: int = 25  # longer chunks are decoded in pieces (exact: the state carries over)
     # Decode pieces of these frame counts only (include 1); empty: any count. On CUDA the captured graph lengths,
     # so every decode replays a graph: an uncaptured length runs eager and autotunes its convolutions (~1 s).
@@ -85,7 +80,6 @@ class DecodeEngine:
         self.settings = settings
         self.samples_per_frame = runner.decoder.samples_per_frame
         self._config = runner.decoder.config
-        self._frame_s = self.samples_per_frame / self._config.output_sample_rate_hz
         self._free_slots = collections.deque(range(runner.max_streams))
         self._streams: dict[int, StreamRecord] = {}
         self._wakeup = asyncio.Event()
@@ -184,29 +178,13 @@ class DecodeEngine:
             self._wakeup.clear()
             if self._is_stopping:
                 break
-            await self._batching_window()
+            if self.settings.batch_window_s > 0 and self._may_join_soon():
+                await asyncio.sleep(self.settings.batch_window_s)
             self._reap_idle()
             for batch in self._plan_batches():
                 await self._decode_batch(batch)
             if any(record.can_schedule() for record in self._streams.values()):
                 self._wakeup.set()
-
-    async def _batching_window(self) -> None:
-        """Waits `batch_window_s` for streams that could join the next batch, and on, up to `ahead_window_s`, while
-        every stream with work is well ahead of its listener and the batch is not full."""
-        step_s, waited_s = self.settings.batch_window_s, 0.0
-        while step_s > 0 and self._may_join_soon():
-            await asyncio.sleep(step_s)
-            waited_s += step_s
-            if waited_s >= (self.settings.ahead_window_s if self._all_ahead() else step_s):
-                return
-
-    def _all_ahead(self) -> bool:
-        now_s = time.monotonic()
-        waiting = [record for record in self._streams.values() if record.can_schedule()]
-        return len(waiting) < self.settings.max_batch_size and all(
-            record.lead_s(now_s, self._frame_s) >= self.settings.ahead_lead_s for record in waiting
-        )
 
     def _may_join_soon(self) -> bool:
         """Whether an open stream without frames to decode could send some within the batching window, which is
@@ -265,7 +243,6 @@ class DecodeEngine:
                 continue
             if not piece.is_context:
                 offset = record.num_frames_decoded * self.samples_per_frame
-                record.first_output_s = record.first_output_s or time.monotonic()
                 record.outputs.append(PcmPiece(samples[row], offset, num_frames))
                 record.num_frames_decoded += num_frames
                 record.output_ready.set()
