@@ -48,6 +48,18 @@ def conv_as_2d(conv: nn.Conv1d | nn.ConvTranspose1d, hidden: torch.Tensor, bias:
     return output.squeeze(2)
 
 
+def run_conv(conv: nn.Conv1d | nn.ConvTranspose1d, hidden: torch.Tensor, bias: bool = True) -> torch.Tensor:
+    """`conv(hidden)` (without its bias when `bias=False`): through `conv_as_2d` on the fused path, else the module's
+    own 1D conv, as the reference runs it."""
+    if takes_fused_path(hidden):
+        return conv_as_2d(conv, hidden, bias)
+    if bias:
+        return conv(hidden)
+    if isinstance(conv, nn.ConvTranspose1d):
+        return F.conv_transpose1d(hidden, conv.weight, None, conv.stride, groups=conv.groups, dilation=conv.dilation)
+    return F.conv1d(hidden, conv.weight, None, conv.stride, dilation=conv.dilation, groups=conv.groups)
+
+
 @torch.no_grad()
 def channels_last_conv_weights_(module: nn.Module) -> None:
     """Restrides every conv weight under `module` in place to channels-last ((O, I, K) with strides (K·I, 1, I)), the
@@ -104,16 +116,13 @@ class CodecCausalConv1d(CodecStreamingModule):
 
     def forward(self, hidden: torch.Tensor, contexts: StreamContexts) -> torch.Tensor:
         if self.context_samples == 0:
-            return conv_as_2d(self.conv, hidden) if takes_fused_path(hidden) else self.conv(hidden)
+            return run_conv(self.conv, hidden)
         return self.forward_padded(self.with_context(hidden, contexts), contexts)
 
     def forward_padded(self, padded: torch.Tensor, contexts: StreamContexts, bias: bool = True) -> torch.Tensor:
         """The conv of a (B, C_in, context_samples + T) padded input; `bias=False` leaves the bias to the caller."""
         self.save_context(padded, contexts)
-        conv = self.conv
-        if takes_fused_path(padded):
-            return conv_as_2d(conv, padded, bias)
-        return F.conv1d(padded, conv.weight, conv.bias if bias else None, dilation=conv.dilation, groups=conv.groups)
+        return run_conv(self.conv, padded, bias)
 
 
 class CodecCausalConvTranspose1d(CodecStreamingModule):
@@ -134,19 +143,14 @@ class CodecCausalConvTranspose1d(CodecStreamingModule):
 
     def forward(self, hidden: torch.Tensor, contexts: StreamContexts) -> torch.Tensor:
         if self.context_samples == 0:
-            output = conv_as_2d(self.conv, hidden) if takes_fused_path(hidden) else self.conv(hidden)
-            return output[..., : hidden.shape[-1] * self.stride]
+            return run_conv(self.conv, hidden)[..., : hidden.shape[-1] * self.stride]
         return self.forward_padded(self.with_context(hidden, contexts), contexts)
 
     def forward_padded(self, padded: torch.Tensor, contexts: StreamContexts, bias: bool = True) -> torch.Tensor:
         """The output of a (B, C_in, context_samples + T) padded input: a strided view of (B, C_out, T·stride);
         `bias=False` leaves the bias to the caller."""
         self.save_context(padded, contexts)
-        conv = self.conv
-        if takes_fused_path(padded):
-            output = conv_as_2d(conv, padded, bias)
-        else:
-            output = F.conv_transpose1d(padded, conv.weight, conv.bias if bias else None, stride=self.stride)
+        output = run_conv(self.conv, padded, bias)
         start = self.context_samples * self.stride
         return output[..., start : start + (padded.shape[-1] - self.context_samples) * self.stride]
 
@@ -251,7 +255,7 @@ class CodecResidualUnit(nn.Module):
 
         update = snake_into_conv(self.act1, self.conv1, hidden, contexts, hidden_bias)
         update = self.act2.fused(update, self.conv1.conv.bias)
-        update = conv_as_2d(self.conv2.conv, update, bias=False)  # k1: no context to keep
+        update = run_conv(self.conv2.conv, update, bias=False)  # k1: no context to keep
         return add_residual(hidden, hidden_bias, update, self.conv2.conv.bias)
 
 

@@ -21,7 +21,7 @@ from chorus.vocoder.models.codec_convs import (
     CodecSnakeBeta,
     CodecStreamingModule,
     CodecUpsampleStage,
-    conv_as_2d,
+    run_conv,
     snake_into_conv,
     takes_fused_path,
 )
@@ -68,7 +68,7 @@ class CodecResidualQuantizer(nn.Module):
         for index, layer in enumerate(self.vq.layers[1:], start=1):
             summed = summed + layer._codebook(codes[..., index])
         summed = summed.transpose(1, 2)  # channels-last (B, dim, T), kept so on the fused path
-        return conv_as_2d(self.output_proj, summed) if takes_fused_path(summed) else self.output_proj(summed)
+        return run_conv(self.output_proj, summed)
 
 
 class CodecSplitQuantizer(nn.Module):
