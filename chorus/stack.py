@@ -6,6 +6,10 @@ this parent, which then drains them once with SIGTERM) and are asked by the kern
 this parent, so even a killed `chorus up` leaves no orphans. Once the stack is up, a child that dies
 (the embedded Redis too, on its port, empty) is restarted with backoff (`chorus.supervisor`); the
 gateway takes a restarted backend back at its next health check.
+
+Defaults follow the device: a talker on CUDA serves 256 streams (64 elsewhere), the gateway admits what its
+backends report they serve, and where the talker runs on CUDA the gateway gets `CUDA_GATEWAY_WORKERS` processes
+(unless CHORUS_GATEWAY_WORKERS says otherwise), since one process cannot relay and encode that many streams.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,12 +29,42 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from chorus.runtime.config import load_config
 from chorus.runtime.processes import die_with_parent, free_ports
 from chorus.runtime.redis_server import LocalRedis, start_local_redis
 from chorus.services import SERVICES
 from chorus.supervisor import RestartPolicy, Supervisor, describe_exit
 
 BACKENDS = ("talker", "vocoder", "diffusion")
+# Gateway processes for a talker on CUDA (256 streams at its defaults): one process keeps up with about 64 speech
+# streams, its core busy relaying, journaling and encoding them; 4 carried 256 on an H100 host (README, Gateway
+# workers).
+CUDA_GATEWAY_WORKERS = 4
+
+
+def gateway_workers(env: Mapping[str, str], cuda_available: Callable[[Mapping[str, str]], bool]) -> int | None:
+    """The gateway processes the stack asks for where `env` sets none: `CUDA_GATEWAY_WORKERS` (at most one per
+    core) when the talker will run on CUDA, by its device setting (`auto` asks `cuda_available`, as the talker
+    resolves it); otherwise None, the gateway's own default."""
+    if "CHORUS_GATEWAY_WORKERS" in env:
+        return None
+    try:
+        device = load_config(SERVICES["talker"].load_config_class(), environ=env).device
+    except ValueError:
+        return None  # the talker reports its configuration error itself
+    on_cuda = cuda_available(env) if device == "auto" else device.startswith("cuda")
+    return min(CUDA_GATEWAY_WORKERS, len(os.sched_getaffinity(0))) if on_cuda else None
+
+
+def torch_sees_cuda(env: Mapping[str, str]) -> bool:
+    """Whether torch finds a CUDA device under `env` (CUDA_VISIBLE_DEVICES included). A child interpreter answers,
+    so this supervising process never imports torch or initialises CUDA."""
+    probe = [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"]
+    try:
+        answer = subprocess.run(probe, env=dict(env), capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return False
+    return answer.stdout.strip() == "True"
 
 
 @dataclass(frozen=True)
@@ -64,6 +98,8 @@ class LocalStack:
     #: How dead children are restarted once the stack is up; None: not at all (`watch` reports the first death).
     restart_policy: RestartPolicy | None = field(default_factory=RestartPolicy)
     log: Callable[[str], None] = _log_to_stderr
+    #: Whether the talker's `auto` device is CUDA here (see `gateway_workers`).
+    cuda_available: Callable[[Mapping[str, str]], bool] = torch_sees_cuda
     redis: LocalRedis | None = None
     supervisor: Supervisor = field(init=False)
 
@@ -109,6 +145,15 @@ class LocalStack:
         """The port serving `backend` (talker, vocoder or diffusion)."""
         return self.ports.grpc["speech" if self.speech_in_one_process and backend != "diffusion" else backend]
 
+    @functools.cached_property
+    def gateway_workers(self) -> int | None:
+        """The gateway processes asked for (None: as CHORUS_GATEWAY_WORKERS or the gateway's default says), decided
+        once, when the gateway first starts."""
+        workers = gateway_workers({**os.environ, **self.extra_env}, self.cuda_available)
+        if workers is not None:
+            self.log(f"the talker runs on CUDA: {workers} gateway workers (CHORUS_GATEWAY_WORKERS sets another number)")
+        return workers
+
     def _env_for(self, name: str) -> dict[str, str]:
         prefix = SERVICES[name].load_config_class().env_prefix
         env = {**os.environ, **self.extra_env}
@@ -121,6 +166,8 @@ class LocalStack:
             env[prefix + "REDIS_URL"] = self.redis_url or ""
             for backend in BACKENDS:
                 env[f"{prefix}{backend.upper()}_TARGETS"] = f"127.0.0.1:{self.backend_port(backend)}"
+            if self.gateway_workers is not None:
+                env[prefix + "WORKERS"] = str(self.gateway_workers)
         return env
 
     def wait_ready(self, timeout_s: float, on_ready=lambda name, seconds: None) -> None:

@@ -8,6 +8,10 @@ bounded by `max_in_flight + max_queued` requests per backend.
 Slots are handed directly to the oldest waiter on release (FIFO, no barging). A waiter that is
 cancelled or times out leaves the queue; if a slot was handed to it in the same instant, it
 passes the slot on, so no slot ever leaks.
+
+A limit may change while requests run (`resize`: one derived from the backends' load reports,
+`chorus.gateway.capacity`): a higher one admits waiters at once; under a lower one the requests
+running finish, and a released slot goes to a waiter only once fewer than the limit are running.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
-from chorus.gateway.metrics import IN_FLIGHT, QUEUE_DEPTH
+from chorus.gateway.metrics import IN_FLIGHT, MAX_IN_FLIGHT, QUEUE_DEPTH
 from chorus.runtime.errors import Overloaded
 
 _HOLD_SMOOTHING = 0.2  # weight of the newest slot hold time in the moving average
@@ -37,6 +41,7 @@ class BackendAdmission:
         self._num_in_flight = 0
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self._mean_hold_s = 1.0
+        MAX_IN_FLIGHT.labels(backend).set(max_in_flight)
 
     @property
     def num_in_flight(self) -> int:
@@ -88,16 +93,32 @@ class BackendAdmission:
                 ) from None
             raise
 
+    def resize(self, max_in_flight: int) -> None:
+        """A new limit: waiters take the slots a higher one opens, now; a lower one takes effect as slots free."""
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight: must be at least 1, got {max_in_flight}")
+        self.max_in_flight = max_in_flight
+        MAX_IN_FLIGHT.labels(self.backend).set(max_in_flight)
+        while self._num_in_flight < self.max_in_flight and self._hand_to_waiter():
+            self._num_in_flight += 1
+        self._report()
+
     def release(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the slot moves to the waiter: in-flight count unchanged
-                self._report()
-                return
+        if self._num_in_flight <= self.max_in_flight and self._hand_to_waiter():
+            return  # the slot moved to the waiter: in-flight count unchanged
         assert self._num_in_flight > 0, "release without acquire"
         self._num_in_flight -= 1
         self._report()
+
+    def _hand_to_waiter(self) -> bool:
+        """Gives a slot to the oldest waiter still waiting; False when there is none."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                self._report()
+                return True
+        return False
 
     def _report(self) -> None:
         IN_FLIGHT.labels(self.backend).set(self._num_in_flight)

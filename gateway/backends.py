@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -42,6 +43,8 @@ class Replica:
         self.num_active = 0  # streams this gateway has open to the replica
         self.num_opened_since_report = 0  # of those, opened after the last load report (which counts the rest)
         self.load: common_pb2.LoadReport | None = None  # the last report; None until one arrives
+        # Streams it serves at once (live + free slots), by its last report: kept while a report fails to arrive.
+        self.capacity: int | None = None
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self.stub = _STUBS[kind](self.channel)
 
@@ -73,6 +76,7 @@ class Replica:
                 opened_before = self.num_opened_since_report
                 self.load = await self.stub.GetLoad(common_pb2.GetLoadRequest(), timeout=timeout_s)
                 self.num_opened_since_report -= opened_before  # counted by this report
+                self.capacity = self.load.live_streams + self.load.free_slots
             except grpc.aio.AioRpcError:
                 self.load = None
         return is_healthy
@@ -96,6 +100,8 @@ class BackendPool:
             for kind, kind_targets in targets.items()
         }
         self.interval_s = interval_s
+        #: Called with a replica's kind after each of its checks (admission limits that follow the load reports).
+        self.on_checked: Callable[[str], None] = lambda kind: None
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -104,8 +110,12 @@ class BackendPool:
     async def _watch(self) -> None:
         all_replicas = [replica for replicas in self.replicas.values() for replica in replicas]
         while True:
-            await asyncio.gather(*(replica.check(timeout_s=self.interval_s) for replica in all_replicas))
+            await asyncio.gather(*(self._check(replica) for replica in all_replicas))
             await asyncio.sleep(self.interval_s)
+
+    async def _check(self, replica: Replica) -> None:
+        await replica.check(timeout_s=self.interval_s)
+        self.on_checked(replica.kind)
 
     def status(self) -> dict[str, dict[str, bool]]:
         return {kind: {r.target: r.is_healthy for r in replicas} for kind, replicas in self.replicas.items()}

@@ -28,8 +28,9 @@ class GatewayConfig(ServiceConfig):
     workers: int = option(
         1,
         "Gateway processes sharing these ports, one core each; each is a replica of its own (its own admission "
-        "limits). 2–4 keep up with one GPU's PCM speech traffic, which one process cannot; mp3 and opus cost ~10× "
-        "the CPU per audio second (4 workers were saturated by 64 mp3 streams on an H100 host).",
+        "limits; derived ones are split between them). 2–4 keep up with one GPU's PCM speech traffic, which one "
+        "process cannot; mp3 and opus cost ~10× the CPU per audio second (4 workers were saturated by 64 mp3 "
+        "streams on an H100 host). `chorus up` starts 4 (at most one per core) when its talker runs on CUDA.",
     )
 
     max_input_chars: int = option(4096, "Longest speech `input` (and text-to-audio `prompt`) accepted, in characters.")
@@ -51,11 +52,26 @@ class GatewayConfig(ServiceConfig):
         "then its upstream streams are cancelled (GPU slots freed). Async jobs are not affected.",
     )
     journal_max_entries: int = option(10_000, "Most audio chunks journaled per request (oldest trimmed first).")
-    # Defaults match one replica of each backend at its defaults (talker 64 slots, vocoder 128 streams,
-    # diffusion batches of 8): more in flight would only queue inside the backend, fewer would leave it idle.
-    talker_max_in_flight: int = option(64, "Speech requests running at once on the talker backend.")
-    vocoder_max_in_flight: int = option(128, "Speech requests running at once on the vocoder backend.")
-    diffusion_max_in_flight: int = option(8, "Text-to-audio requests running at once on the diffusion backend.")
+    # As many in flight as the backend serves: more would only queue inside it, fewer would leave it idle. The
+    # speech backends' capacity depends on their device (the talker's 256 slots on CUDA, 64 elsewhere), so by
+    # default the limits follow what their replicas report (chorus.gateway.capacity); diffusion batches 8 samples.
+    talker_max_in_flight: int = option(
+        0,
+        "Speech requests running at once on the talker backend; 0: as many as its healthy replicas report they serve "
+        "(256 per replica on CUDA, 64 elsewhere, at their defaults), split between admission_split processes.",
+    )
+    vocoder_max_in_flight: int = option(
+        0, "Speech requests running at once on the vocoder backend; 0: what its replicas report, as for the talker."
+    )
+    diffusion_max_in_flight: int = option(
+        8, "Text-to-audio requests running at once on the diffusion backend; 0: what its replicas report."
+    )
+    admission_split: int = option(
+        1,
+        "Gateway processes sharing the backends, among which each limit of 0 above is split evenly (each admits its "
+        "share, rounded up); --workers N multiplies it by N for its processes. Set it to the number of gateway "
+        "replicas in front of the same backends, or they admit that many times what the backends serve.",
+    )
     max_queued: int = option(64, "Requests that may wait for a backend slot, per backend (429 beyond it).")
     queue_timeout_s: float = option(10.0, "Longest wait for a backend slot before 429.")
     speech_segment_chars: int = option(
@@ -85,6 +101,11 @@ class GatewayConfig(ServiceConfig):
         check_redis_url(self.redis_url)
         if self.workers < 1:
             raise ValueError(f"workers: must be at least 1, got {self.workers}")
+        if self.admission_split < 1:
+            raise ValueError(f"admission_split: must be at least 1, got {self.admission_split}")
+        for name in ("talker_max_in_flight", "vocoder_max_in_flight", "diffusion_max_in_flight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be at least 0 (0: what the backend's replicas report they serve)")
         if self.max_failovers < 0:
             raise ValueError(f"max_failovers: must be at least 0, got {self.max_failovers}")
 

@@ -8,6 +8,7 @@ import redis.asyncio as redis
 
 from chorus.gateway.admission import Admission, BackendAdmission
 from chorus.gateway.backends import BackendPool
+from chorus.gateway.capacity import UNREPORTED_CAPACITY, DerivedLimits, share_of_capacity
 from chorus.gateway.catalog import TalkerCatalog
 from chorus.gateway.config import GatewayConfig
 from chorus.gateway.run_broker import RunBroker
@@ -62,12 +63,15 @@ class GatewayContext:
             "diffusion": config.diffusion_max_in_flight,
         }
         runs = RunRegistry(journal, detach_grace_s=config.reconnect_grace_s)
+        initial_limit = share_of_capacity(UNREPORTED_CAPACITY, config.admission_split)
         admission = Admission(
             {
-                kind: BackendAdmission(kind, limit, config.max_queued, config.queue_timeout_s)
+                kind: BackendAdmission(kind, limit or initial_limit, config.max_queued, config.queue_timeout_s)
                 for kind, limit in limits.items()
             }
         )
+        derived = {kind: admission.backends[kind] for kind, limit in limits.items() if limit == 0}
+        backends.on_checked = DerivedLimits(backends, derived, config.admission_split).update
         catalog = TalkerCatalog(backends)
         reference_codes = ReferenceCodes(backends)
         return cls(

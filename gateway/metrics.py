@@ -26,6 +26,12 @@ QUEUE_DEPTH = Gauge(
 IN_FLIGHT = Gauge(
     "chorus_gateway_in_flight", "Requests holding a backend slot.", ["backend"], multiprocess_mode="livesum"
 )
+MAX_IN_FLIGHT = Gauge(
+    "chorus_gateway_max_in_flight",
+    "Backend slots the gateway admits requests to (its admission limit; summed over workers).",
+    ["backend"],
+    multiprocess_mode="livesum",
+)
 REDIS_SECONDS = Histogram(
     "chorus_gateway_redis_seconds",
     "Latency of the gateway's Redis round trips.",

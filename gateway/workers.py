@@ -4,9 +4,10 @@ One gateway process is one event loop on one core, and under load its per-chunk 
 writes, encoding) fills that core long before the GPU is full. Workers need nothing from each other: request
 state lives in Redis, exactly as it does across replicas, so each worker is a replica that shares the ports
 (SO_REUSEPORT: the kernel spreads new connections over them). Admission limits apply per worker, as they do
-per replica. Their metrics are merged through prometheus_client's multiprocess mode: the workers write to a
-shared directory, and every /metrics endpoint (this process's metrics port, each worker's REST /metrics)
-reports the sum.
+per replica: a limit set is each worker's, while one derived from the backends' load reports is split between
+them (`admission_split`), so N workers admit what the backends serve, not N times it. Their metrics are merged
+through prometheus_client's multiprocess mode: the workers write to a shared directory, and every /metrics
+endpoint (this process's metrics port, each worker's REST /metrics) reports the sum.
 
 This process only supervises. SIGTERM/SIGINT are passed on (each worker drains as a single gateway does); a
 worker that exits on its own stops the others, and this process exits with its code, so whatever restarts the
@@ -33,17 +34,24 @@ from chorus.runtime.processes import die_with_parent, free_port
 log = logging.getLogger("chorus.gateway.workers")
 
 
+def worker_config(config: GatewayConfig) -> GatewayConfig:
+    """The settings of each of `config.workers` processes: one process, on the same ports (picked here where 0),
+    a share of each derived admission limit, no metrics port of its own (this process serves theirs)."""
+    return dataclasses.replace(
+        config,
+        workers=1,
+        admission_split=config.admission_split * config.workers,
+        port=config.port or free_port(config.host),
+        rest_port=config.rest_port or free_port(config.rest_host),
+        metrics_port=-1,
+    )
+
+
 def run_workers(config: GatewayConfig) -> int:
     """Runs `config.workers` gateways until a signal (exit code 0) or until one exits (its code)."""
     metrics_dir = tempfile.mkdtemp(prefix="chorus-gateway-metrics-")
-    worker_config = dataclasses.replace(
-        config,
-        workers=1,
-        port=config.port or free_port(config.host),
-        rest_port=config.rest_port or free_port(config.rest_host),
-        metrics_port=-1,  # served here, for all of them
-    )
-    env = os.environ | to_environ(worker_config) | {"PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+    settings = worker_config(config)
+    env = os.environ | to_environ(settings) | {"PROMETHEUS_MULTIPROC_DIR": metrics_dir}
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # this process's /metrics reads what they write
     stopping = False
     workers: list[subprocess.Popen] = []
@@ -64,7 +72,7 @@ def run_workers(config: GatewayConfig) -> int:
     metrics_port = serve_metrics(config.host, config.metrics_port, metrics_registry())
     log.info(
         "%d gateway workers on REST port %d and gRPC port %d (metrics port %s)",
-        config.workers, worker_config.rest_port, worker_config.port, metrics_port,
+        config.workers, settings.rest_port, settings.port, metrics_port,
     )  # fmt: skip
     failed = None
     try:

@@ -54,6 +54,7 @@ def test_gpu_services_reserve_an_nvidia_gpu_and_use_the_cuda_image():
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
         assert services[name]["build"]["dockerfile"] == "Dockerfile.cuda"
     assert "deploy" not in services["gateway"] and services["gateway"]["build"]["dockerfile"] == "Dockerfile"
+    assert services["gateway"]["environment"]["CHORUS_GATEWAY_WORKERS"] == "4"  # for the talker's 256 CUDA streams
 
 
 def test_cpu_override_runs_tiny_models_without_gpus():
@@ -65,6 +66,7 @@ def test_cpu_override_runs_tiny_models_without_gpus():
         assert service["environment"][f"CHORUS_{name.upper()}_DEVICE"] == "cpu"
         assert service["environment"][f"CHORUS_{name.upper()}_MODEL"] == "tiny"
         assert service["healthcheck"]["test"] == load_compose(BASE)["services"][name]["healthcheck"]["test"]
+    assert services["gateway"]["environment"]["CHORUS_GATEWAY_WORKERS"] == "1"  # for the CPU talker's 64
 
 
 @pytest.mark.parametrize("stack", ["gpu", "cpu"], ids=["cuda-host", "laptop"])

@@ -1,5 +1,6 @@
 """`chorus serve gateway --workers N`: worker processes share the REST and gRPC ports, connections spread over
-them, /metrics reports all of them, SIGTERM stops them all, and one worker's death stops the gateway."""
+them, /metrics reports all of them, admission limits derived from the backends are split between them, SIGTERM
+stops them all, and one worker's death stops the gateway."""
 
 from __future__ import annotations
 
@@ -101,7 +102,12 @@ def test_workers_share_the_ports_and_report_one_set_of_metrics(gateway):
     assert sum(per_worker) == 24 and all(per_worker), per_worker  # all 24 on one worker: p ≈ 1e-7
     line = 'chorus_gateway_requests_total{endpoint="/health",outcome="200"} 24.0'
     assert line in httpx.get(f"http://127.0.0.1:{rest_port}/metrics").text
-    assert line in httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+    metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+    assert line in metrics
+    # A derived admission limit is split between the workers, so together they admit what the backends serve (64
+    # until a backend has reported); a limit set (diffusion's 8) is each worker's.
+    assert 'chorus_gateway_max_in_flight{backend="talker"} 64.0' in metrics
+    assert 'chorus_gateway_max_in_flight{backend="diffusion"} 16.0' in metrics
     process.send_signal(signal.SIGTERM)
     assert process.wait(30) == 0
     assert all(_is_gone(pid) for pid in workers)

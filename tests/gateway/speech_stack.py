@@ -29,14 +29,22 @@ async def hosted(config, service):
 
 
 @contextlib.asynccontextmanager
-async def speech_stack(start_gateway, redis_url: str, cache_dir: str, talker_overrides: dict | None = None, **gateway):
+async def speech_stack(
+    start_gateway,
+    redis_url: str,
+    cache_dir: str,
+    talker_overrides: dict | None = None,
+    vocoder_overrides: dict | None = None,
+    **gateway,
+):
     """`(gateway, http, gateway_target, talker_target, vocoder_target)` once both backends are healthy."""
     talker_settings = dict(
         device="cpu", metrics_port=-1, max_streams=4, chunk_frames=4, max_frames=40, grace_s=1.0,
         cache_dir=cache_dir, use_cuda_graphs=False,
     )  # fmt: skip
     talker_config = TalkerConfig(**(talker_settings | (talker_overrides or {})))
-    vocoder_config = VocoderConfig(device="cpu", metrics_port=-1, max_streams=4, grace_s=1.0)
+    vocoder_settings = dict(device="cpu", metrics_port=-1, max_streams=4, grace_s=1.0)
+    vocoder_config = VocoderConfig(**(vocoder_settings | (vocoder_overrides or {})))
     async with (
         hosted(talker_config, TalkerService(talker_config)) as talker,
         hosted(vocoder_config, VocoderService(vocoder_config)) as vocoder,

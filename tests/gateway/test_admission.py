@@ -123,6 +123,37 @@ async def test_random_cancellations_never_leak_slots():
     assert admission.num_in_flight == 0 and admission.queue_depth == 0
 
 
+async def test_a_higher_limit_admits_waiters_at_once():
+    admission = BackendAdmission("talker", max_in_flight=1, max_queued=4, queue_timeout_s=5)
+    await admission.acquire()
+    waiters = [asyncio.create_task(admission.acquire()) for _ in range(3)]
+    await settle()
+    admission.resize(3)  # e.g. a second talker replica reported its slots
+    await asyncio.wait_for(asyncio.gather(*waiters[:2]), timeout=1)
+    assert not waiters[2].done() and admission.num_in_flight == 3 and admission.queue_depth == 1
+    admission.release()
+    await asyncio.wait_for(waiters[2], timeout=1)
+    assert admission.num_in_flight == 3 and admission.queue_depth == 0
+
+
+async def test_under_a_lower_limit_running_requests_finish_and_waiters_wait_for_room():
+    admission = BackendAdmission("talker", max_in_flight=3, max_queued=4, queue_timeout_s=5)
+    for _ in range(3):
+        await admission.acquire()
+    admission.resize(1)  # e.g. one of three replicas left
+    waiter = asyncio.create_task(admission.acquire())
+    await settle()
+    admission.release()
+    admission.release()
+    await settle()
+    assert not waiter.done() and admission.num_in_flight == 1  # the slots freed were over the new limit
+    admission.release()
+    await asyncio.wait_for(waiter, timeout=1)
+    assert admission.num_in_flight == 1 and admission.queue_depth == 0
+    with pytest.raises(ValueError, match="max_in_flight"):
+        admission.resize(0)
+
+
 async def test_request_enters_every_backend_it_needs():
     admission = Admission(
         {

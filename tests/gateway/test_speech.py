@@ -246,12 +246,12 @@ async def test_resume_after_a_forced_disconnect_is_byte_identical(stack):
 
 
 async def test_a_full_talker_queue_reaches_the_client_as_429(start_gateway, redis_url, tmp_path):
-    """The talker refuses what it cannot queue; several gateway workers (each with its own admission limits) can
-    send it more than it holds."""
+    """The talker refuses what it cannot queue; several gateway processes, or one with a limit set above what the
+    talker serves, can send it more than it holds."""
     talker = {"max_streams": 1, "max_queue": 0, "max_frames": 200}
     long_speech = speech(response_format="pcm", max_frames=200)
     async with (
-        speech_stack(start_gateway, redis_url, str(tmp_path), talker_overrides=talker) as (_, http, *_),
+        speech_stack(start_gateway, redis_url, str(tmp_path), talker, talker_max_in_flight=8) as (_, http, *_),
         http.stream("POST", "/v1/audio/speech", json=long_speech) as first,
     ):
         assert first.status_code == 200
