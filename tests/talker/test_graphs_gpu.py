@@ -1,5 +1,6 @@
 """CUDA-graph replay of the decode step gives the same codes as eager execution, with and without the compiled
-step; the compiled layers compute what the plain modules compute (GPU only)."""
+step; the compiled layers compute what the plain modules compute; a step's frames reach the host before its talker
+half is done (GPU only)."""
 
 from __future__ import annotations
 
@@ -106,6 +107,41 @@ def test_prefill_does_not_wait_for_the_gpu(tiny_loaded):
         assert host_s < gpu_s / 4, f"the prefill took {host_s:.3f} s of host time behind {gpu_s:.3f} s of GPU work"
         engine.run_until_idle()
         assert len(stream.collect()) == 8
+
+
+def test_frames_reach_the_host_before_the_talker_half_of_the_step(tiny_loaded):
+    """A step's frames are handed out once the code predictor has made them, while the talker's half of the step
+    (which only prepares the next frame) still runs: here it is held up for about half a second on the GPU, and the
+    frames come anyway — the same frames an undisturbed request gets."""
+    model = build_random(TINY_CONFIG, TINY_SEED, device="cuda", dtype=torch.bfloat16)
+    loaded = LoadedTalker(model, tiny_loaded.tokenizer, tiny_loaded.sampling_defaults)
+    engine = TalkerEngine(loaded, EngineConfig(max_streams=8, max_positions=512, max_frames=8, use_cuda_graphs=True))
+    engine.runner.warmup()
+    runner = engine.runner
+
+    def submit(name):
+        voice = engine.voice_request("custom_voice", "The same sentence.", speaker="ryan")
+        return engine.submit(name, voice, SamplingParams(seed=3), max_frames=8, ignore_eos=True)
+
+    undisturbed = submit("undisturbed")
+    engine.run_until_idle()
+    halves = runner._step_halves
+
+    def slow_talker_half(*key):
+        predict, advance = halves(*key)
+        return predict, lambda: (torch.cuda._sleep(1_000_000_000), advance())
+
+    runner._step_halves = slow_talker_half
+    stream = submit("slowed")
+    engine.step()  # the prefill
+    engine.step()  # the first frame's launch
+    launch, _ = engine._in_flight
+    first_frame = runner.collect_frames(launch)
+    assert not launch.step_done.query(), "the frame came before the talker's half of its step was done"
+    engine.run_until_idle()
+    frames = stream.collect()
+    assert np.array_equal(first_frame[0], frames[0])
+    assert np.array_equal(frames, undisturbed.collect())
 
 
 def test_defaults_on_cuda_serve_256_streams_from_a_pool_sized_by_free_memory(tiny_loaded):

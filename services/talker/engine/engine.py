@@ -526,18 +526,19 @@ class TalkerEngine:
         return launch, requests
 
     def _collect(self, launch: DecodeLaunch, requests: list[TalkerRequest]) -> None:
-        """Hand out a launched step's frames. A request that finished meanwhile (EOS in the step before, cancel)
-        had one frame launched too many: it is dropped, and its slot's state is reset by the next prefill."""
-        frames, next_code0 = self.runner.collect(launch)
-        frames = frames.astype(np.int16)
-        for index, request in enumerate(requests):
-            if request.status is Status.FINISHED:
-                continue
+        """Hand out a launched step's frames as soon as they exist (before the step's talker half is done), then
+        apply the stop rule with the next codebook-0 ids. A request that finished meanwhile (EOS in the step before,
+        cancel) had one frame launched too many: it is dropped, and its slot's state is reset by the next prefill."""
+        frames = self.runner.collect_frames(launch).astype(np.int16)
+        live = [(index, request) for index, request in enumerate(requests) if request.status is not Status.FINISHED]
+        for index, request in live:
             _, stream = self._requests[request.request_id]
             stream.push(frames[index])
             request.frame_log += frames[index].tobytes()
             request.num_frames += 1
             request.buffered_frames += 1
+        _, next_code0 = self.runner.collect(launch)
+        for index, request in live:
             self._may_finish(request, next_code0[index])
             if request.status is Status.WAITING:  # preempted while this frame was on the device
                 self._requeue_preempted(request)

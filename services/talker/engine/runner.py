@@ -147,16 +147,20 @@ class TalkerRunner:
         # (per slot: an active flag, the text id to add) are one buffer, for one host-to-device copy per step.
         self.step_inputs = torch.zeros(2, num_slots, dtype=torch.long, device=device)
         self.active, self.text_ids = self.step_inputs
-        # One row per slot: the frame's 16 codes, then the next codebook-0 id — one device-to-host copy per step.
-        self.out = torch.zeros(num_slots, self.config.num_code_groups + 1, dtype=torch.long, device=device)
+        # Per slot: the frame's 16 codes, and the next codebook-0 id. Two buffers, copied to the host as each is
+        # ready: the frames once the code predictor is done, before the talker's own forward (see `launch`).
+        self.out_frames = torch.zeros(num_slots, self.config.num_code_groups, dtype=torch.long, device=device)
+        self.out_code0 = torch.zeros(num_slots, dtype=torch.long, device=device)
         # Host staging, two of each: step N+1 is launched before step N's output is read (see `launch`).
         pinned = device.type == "cuda"
         self._host_inputs = [torch.zeros(2, num_slots, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
-        self._host_outputs = [torch.zeros_like(self.out, device="cpu", pin_memory=pinned) for _ in range(2)]
+        self._host_frames = [torch.zeros_like(self.out_frames, device="cpu", pin_memory=pinned) for _ in range(2)]
+        self._host_code0 = [torch.zeros_like(self.out_code0, device="cpu", pin_memory=pinned) for _ in range(2)]
         # NumPy views of the same memory: staging through them makes no PyTorch call (see `launch`).
         self._staged_inputs = [buffer.numpy() for buffer in self._host_inputs]
-        self._staged_outputs = [buffer.numpy() for buffer in self._host_outputs]
-        self._step_done = [torch.cuda.Event() for _ in range(2)] if pinned else None
+        self._staged_frames = [buffer.numpy() for buffer in self._host_frames]
+        self._staged_code0 = [buffer.numpy() for buffer in self._host_code0]
+        self._events = [(torch.cuda.Event(), torch.cuda.Event()) for _ in range(2)] if pinned else None
         self._launches = 0
         self._sample_code0, self._sample_code = sample_code0, sample_code
         if compile_step and self.device.type == "cuda":
@@ -367,21 +371,31 @@ class TalkerRunner:
         return torch.stack(codes, dim=1)
 
     def decode_compute(self, num_rows: int, attended_length: int, top_k_bound: int = 0) -> None:
-        """One frame for rows `[0, num_rows)` whose `active` flag is set; results in `out`. `top_k_bound`: 0 to
-        sample with sorting, FAST_TOP_K when every active row's request `selects_top_k`.
+        """One frame for rows `[0, num_rows)` whose `active` flag is set: `predict_compute`, then
+        `advance_compute`. `top_k_bound`: 0 to sample with sorting, FAST_TOP_K when every active row's request
+        `selects_top_k`.
 
-        Static shapes for a given (`num_rows`, `attended_length`): this is the body CUDA graphs capture.
+        Static shapes for a given (`num_rows`, `attended_length`): the two halves are what CUDA graphs capture.
         """
+        self.predict_compute(num_rows, top_k_bound)
+        self.advance_compute(num_rows, attended_length, top_k_bound)
+
+    def predict_compute(self, num_rows: int, top_k_bound: int) -> None:
+        """The frame of rows `[0, num_rows)` (the code predictor's 15 steps) into `out_frames`."""
+        self.out_frames[:num_rows] = self._predict_frame(num_rows, top_k_bound)
+
+    def advance_compute(self, num_rows: int, attended_length: int, top_k_bound: int) -> None:
+        """The talker's forward over the frames in `out_frames`: the next codebook-0 ids into `out_code0`, and the
+        state of the active rows one frame on."""
         rows = slice(0, num_rows)
         talker = self.model.talker
         active = self.active[rows].bool()
-        frames = self._predict_frame(num_rows, top_k_bound)
+        frames = self.out_frames[rows]
         embeds = talker.embed_frame(frames) + talker.embed_text(self.text_ids[rows])
         positions = self.position[rows].clamp(max=self.max_positions - 1)[:, None]
         hidden, logits = self._talker_step(embeds[:, None], positions, num_rows, attended_length)
         code0 = self._pick_code0(logits, rows, top_k_bound)
-        self.out[rows, :-1] = frames
-        self.out[rows, -1] = code0
+        self.out_code0[rows] = code0
         self.last_hidden[rows] = torch.where(active[:, None], hidden[:, -1], self.last_hidden[rows])
         self.next_code0[rows] = torch.where(active, code0, self.next_code0[rows])
         self.position[rows] += active.long()
@@ -430,23 +444,45 @@ class TalkerRunner:
         self.step_inputs.copy_(self._host_inputs[parity], non_blocking=True)
         sorts = self._sorting_slots and not self._sorting_slots.isdisjoint(active_rows)
         top_k_bound = 0 if sorts else FAST_TOP_K
+        # The frames go to the host as soon as the code predictor has made them: the talker's forward that follows
+        # (a quarter of the step) only prepares the next frame, so a stream's frame, its first one included, is
+        # handed out that much earlier (`collect_frames`).
+        predict, advance = self._step_halves(num_rows, attended_length, top_k_bound)
+        predict()
+        self._host_frames[parity].copy_(self.out_frames, non_blocking=True)
+        frames_done = step_done = None
+        if self._events is not None:
+            frames_done, step_done = self._events[parity]
+            frames_done.record()
+        advance()
+        self._host_code0[parity].copy_(self.out_code0, non_blocking=True)
+        if step_done is not None:
+            step_done.record()
+        return DecodeLaunch(
+            active_rows, self._staged_frames[parity], self._staged_code0[parity], frames_done, step_done
+        )
+
+    def _step_halves(self, num_rows: int, attended_length: int, top_k_bound: int):
+        """The step's two halves as calls: graph replays, or the eager computations."""
         if self.graphs is not None:
-            self.graphs.run(num_rows, attended_length, top_k_bound)
-        else:
-            self.decode_compute(num_rows, attended_length, top_k_bound)
-        self._host_outputs[parity].copy_(self.out, non_blocking=True)
-        done = None
-        if self._step_done is not None:
-            done = self._step_done[parity]
-            done.record()
-        return DecodeLaunch(active_rows, self._staged_outputs[parity], done)
+            return self.graphs.halves(num_rows, attended_length, top_k_bound)
+        return (
+            lambda: self.predict_compute(num_rows, top_k_bound),
+            lambda: self.advance_compute(num_rows, attended_length, top_k_bound),
+        )
+
+    def collect_frames(self, launch: DecodeLaunch) -> np.ndarray:
+        """Wait for `launch`'s frames `[n, 16]` (active rows only); the rest of the step may still run."""
+        if launch.frames_done is not None:
+            launch.frames_done.synchronize()
+        return launch.host_frames[launch.rows]
 
     def collect(self, launch: DecodeLaunch) -> tuple[np.ndarray, np.ndarray]:
         """Wait for `launch`; its frames `[n, 16]` and next codebook-0 ids `[n]` (active rows only)."""
-        if launch.done is not None:
-            launch.done.synchronize()
-        rows = launch.host_outputs[launch.rows]
-        return rows[:, :-1], rows[:, -1]
+        frames = self.collect_frames(launch)
+        if launch.step_done is not None:
+            launch.step_done.synchronize()
+        return frames, launch.host_code0[launch.rows]
 
     def decode(self, active_rows: list[int], text_ids: list[int], max_position: int):
         """`launch` and `collect` in one call."""
@@ -456,5 +492,8 @@ class TalkerRunner:
 @dataclasses.dataclass
 class DecodeLaunch:
     rows: list[int]  # active slot indices
-    host_outputs: np.ndarray  # `out` copied to the host once `done` (a view of the pinned staging buffer)
-    done: torch.cuda.Event | None  # None on CPU, where the step already ran
+    # Views of the pinned staging buffers: `out_frames` once `frames_done`, `out_code0` once `step_done`.
+    host_frames: np.ndarray
+    host_code0: np.ndarray
+    frames_done: torch.cuda.Event | None  # None on CPU, where the step already ran
+    step_done: torch.cuda.Event | None
