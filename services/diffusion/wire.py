@@ -69,15 +69,17 @@ def _audio_messages(event: AudioOutput, max_chunk_bytes: int) -> Iterator[diffus
     frame_bytes = 4 * num_channels
     chunk_bytes = max(frame_bytes, max_chunk_bytes - max_chunk_bytes % frame_bytes)
     for sequence, offset_bytes in enumerate(range(0, max(len(data), 1), chunk_bytes)):
-        pcm = common_pb2.PcmChunk(
-            data=data[offset_bytes : offset_bytes + chunk_bytes],
-            sample_rate_hz=event.sample_rate_hz,
-            num_channels=num_channels,
-            format=common_pb2.SAMPLE_FORMAT_PCM_F32LE,
-            sequence=sequence,
-            sample_offset=offset_bytes // frame_bytes,
-        )
-        yield diffusion_pb2.GenerateOutput(audio=diffusion_pb2.Audio(index=event.index, pcm=pcm))
+        # Filled in place: a PcmChunk passed to Audio(pcm=...) is merged in, a copy that took 4.6 ms per 3.5 MB.
+        message = diffusion_pb2.GenerateOutput()
+        message.audio.index = event.index
+        pcm = message.audio.pcm
+        pcm.data = data[offset_bytes : offset_bytes + chunk_bytes]
+        pcm.sample_rate_hz = event.sample_rate_hz
+        pcm.num_channels = num_channels
+        pcm.format = common_pb2.SAMPLE_FORMAT_PCM_F32LE
+        pcm.sequence = sequence
+        pcm.sample_offset = offset_bytes // frame_bytes
+        yield message
 
 
 def _final(event: Finished) -> common_pb2.Final:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from diffusers import AutoencoderOobleck
 
-from chorus.diffusion.engine.runner import DiffusionRunner, SampleSpec, SampleState
+from chorus.diffusion.engine.request import AudioOutput
+from chorus.diffusion.engine.runner import DECODE_MARGIN_FRAMES, DiffusionRunner, SampleSpec, SampleState
 
 
 @pytest.mark.parametrize(("start_s", "end_s"), [(0.0, 0.4), (1.0, 2.5), (4.0, 5.9)])
@@ -32,3 +34,29 @@ def test_span_decode_equals_full_decode(tiny_models, start_s, end_s):
     expected = full[:, int(start_s * 44100) : int(end_s * 44100)]
     assert ours.shape == expected.shape
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-6 * float(expected.abs().max()))
+
+
+def test_waveform_is_interleaved_in_memory_with_the_decoders_samples(tiny_models, monkeypatch):
+    """The runner transposes on the device so the host sends its memory as is: same samples, same wire bytes as
+    the (channels, samples) row-major waveform it returned before, interleaved on the host."""
+    decoded = []
+    vae_decode = tiny_models.vae.decode
+
+    def recording_decode(latents):
+        output = vae_decode(latents)
+        decoded.append(output.sample[0])
+        return output
+
+    monkeypatch.setattr(tiny_models.vae, "decode", recording_decode)
+    generator = torch.Generator().manual_seed(2)
+    latents = torch.randn(tiny_models.num_latent_channels, tiny_models.num_latent_frames, generator=generator)
+    spec = SampleSpec("x", None, 0.1, 0.6, 1.0, num_steps=1, seed=0)
+    state = SampleState(spec, None, None, None, latents, latents, step_index=1)
+    ours = DiffusionRunner(tiny_models).decode(state)
+    assert ours.stride() == (1, 2)
+    first_sample = int(0.1 * 44100)
+    offset = max(0, first_sample // tiny_models.hop_samples - DECODE_MARGIN_FRAMES) * tiny_models.hop_samples
+    before = decoded[0][:, first_sample - offset : first_sample - offset + ours.shape[1]].contiguous()
+    assert torch.equal(ours, before)
+    interleaved_before = np.ascontiguousarray(before.numpy().T, dtype="<f4").tobytes()
+    assert AudioOutput(0, ours, 44100).interleaved_f32le() == interleaved_before

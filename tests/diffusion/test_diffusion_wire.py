@@ -50,6 +50,25 @@ def test_audio_is_split_into_ordered_chunks():
     assert np.array_equal(samples, waveform.numpy())
 
 
+@pytest.mark.parametrize(("num_samples", "index", "max_chunk_bytes"), [(1001, 0, 3000), (1001, 1, 8000), (0, 0, 3000)])
+def test_audio_messages_are_the_bytes_of_nested_construction(num_samples, index, max_chunk_bytes):
+    """Messages filled in place serialize exactly as those built by passing each PcmChunk to Audio(pcm=...), from a
+    row-major waveform or an interleaved one."""
+    waveform = torch.randn(2, num_samples)
+    data = np.ascontiguousarray(waveform.numpy().T, dtype="<f4").tobytes()
+    chunk_bytes = max_chunk_bytes - max_chunk_bytes % 8
+    expected = [
+        diffusion_pb2.GenerateOutput(audio=diffusion_pb2.Audio(index=index, pcm=common_pb2.PcmChunk(
+            data=data[offset : offset + chunk_bytes], sample_rate_hz=44100, num_channels=2,
+            format=common_pb2.SAMPLE_FORMAT_PCM_F32LE, sequence=sequence, sample_offset=offset // 8,
+        ))).SerializeToString()
+        for sequence, offset in enumerate(range(0, max(len(data), 1), chunk_bytes))
+    ]  # fmt: skip
+    for layout in (waveform, waveform.T.contiguous().T):
+        messages = output_messages(AudioOutput(index=index, waveform=layout, sample_rate_hz=44100), max_chunk_bytes)
+        assert [message.SerializeToString() for message in messages] == expected
+
+
 def test_progress_and_final():
     (progress,) = output_messages(StepProgress(step=3, num_steps=10))
     assert (progress.progress.step, progress.progress.num_steps) == (3, 10)

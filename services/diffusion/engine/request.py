@@ -148,7 +148,8 @@ class AudioOutput:
     def interleaved_f32le(self) -> bytes:
         """The samples interleaved by channel as float32 little-endian (PcmChunk SAMPLE_FORMAT_PCM_F32LE).
         A full 47.55 s stereo window is 16.8 MB: split it across messages to stay under message limits."""
-        return np.ascontiguousarray(self.waveform.numpy().T, dtype="<f4").tobytes()  # one copy before tobytes
+        # Copies only once (tobytes) when the waveform's memory is interleaved already, as the runner's is.
+        return np.ascontiguousarray(self.waveform.numpy().T, dtype="<f4").tobytes()
 
 
 @dataclass(frozen=True, slots=True)
