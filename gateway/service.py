@@ -16,6 +16,7 @@ from chorus.gateway.jobs import continue_run
 from chorus.gateway.public_api import ChorusServicer
 from chorus.gateway.rest import create_app
 from chorus.gateway.state.redis_url import redacted
+from chorus.runtime.heap import keep_large_buffers_mapped
 from chorus.runtime.host import Service
 from chorus.v1 import gateway_pb2_grpc
 
@@ -46,6 +47,7 @@ class GatewayService(Service):
         gateway_pb2_grpc.add_ChorusServicer_to_server(ChorusServicer(self.context), server)
 
     async def start(self) -> None:
+        keep_large_buffers_mapped()  # text-to-audio results arrive as multi-MB messages: see chorus.runtime.heap
         self.context.backends.start()
         self.context.broker.start(lambda entry: continue_run(self.context, entry))
         app = create_app(self.context)

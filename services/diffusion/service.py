@@ -16,6 +16,7 @@ from chorus.diffusion.loader import load_models
 from chorus.diffusion.parallel.group import ParallelGroup, rank_device
 from chorus.diffusion.wire import generation_request, output_messages
 from chorus.runtime.errors import Unavailable
+from chorus.runtime.heap import keep_large_buffers_mapped
 from chorus.runtime.host import Service
 from chorus.runtime.logs import request_id_var
 from chorus.v1 import common_pb2, diffusion_pb2_grpc
@@ -67,6 +68,7 @@ class DiffusionService(Service):
         diffusion_pb2_grpc.add_DiffusionServicer_to_server(DiffusionServicer(self), server)
 
     async def start(self) -> None:
+        keep_large_buffers_mapped()  # each output is copied several times on its way out: see chorus.runtime.heap
         # Loading and CUDA-graph capture block: run them off the loop so health answers NOT_SERVING meanwhile.
         engine = await asyncio.to_thread(self._build_engine)
         engine.start()
