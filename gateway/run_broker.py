@@ -22,6 +22,7 @@ from chorus.gateway.runner import RunRegistry
 from chorus.gateway.state.connection import REDIS_ERRORS
 from chorus.gateway.state.runs import RunEntry, RunQueue
 from chorus.runtime.errors import ChorusError
+from chorus.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger("chorus.gateway.broker")
 
@@ -114,7 +115,7 @@ class RunBroker:
         runs = self.runs.live_runs()
         for run in runs:
             self.runs.hand_over(run.request_id)
-        await self.runs.wait_for(run.request_id for run in runs)
+        await self.runs.stopped(run.request_id for run in runs)
         await self.queue.release([run.entry_id for run in runs if run.entry_id is not None])
         if runs:
             log.info("handed %d runs over to the other gateway processes", len(runs))
@@ -122,6 +123,4 @@ class RunBroker:
 
     async def close(self) -> None:
         if self._loop is not None:
-            self._loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop
+            await cancel_and_wait([self._loop], "run broker")  # its Redis commands can lose a cancel

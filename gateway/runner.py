@@ -19,6 +19,7 @@ from chorus.gateway.journaled_run import JournaledRun
 from chorus.gateway.state.journal import JournalEntry, OutputJournal
 from chorus.gateway.state.requests import FAILED
 from chorus.runtime.errors import ChorusError
+from chorus.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger("chorus.gateway.run")
 
@@ -68,9 +69,10 @@ class RunRegistry:
         if task is not None and run is not None:
             run.hand_over(task)
 
-    async def wait_for(self, request_ids) -> None:
+    async def stopped(self, request_ids) -> None:
+        """Waits until the runs handed over stopped (cancelling again one whose cancel a Redis command lost)."""
         tasks = [self._tasks[request_id] for request_id in request_ids if request_id in self._tasks]
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks, "runs handed over")
 
     @contextlib.contextmanager
     def reading(self, request_id: str):
@@ -119,6 +121,4 @@ class RunRegistry:
             timer.cancel()
 
     async def close(self) -> None:
-        for task in list(self._tasks.values()):
-            task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await cancel_and_wait(list(self._tasks.values()), "runs")

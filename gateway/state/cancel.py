@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from chorus.gateway.state import keys
 from chorus.gateway.state.connection import REDIS_ERRORS
 from chorus.gateway.state.requests import RequestStore
+from chorus.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger("chorus.gateway.cancel")
 
@@ -102,7 +103,5 @@ class CancelListener:
 
     async def close(self) -> None:
         if self._listening is not None:
-            self._listening.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listening
+            await cancel_and_wait([self._listening], "cancel listener")  # its Redis commands can lose a cancel
             self._listening = None

@@ -290,7 +290,10 @@ class TalkerService(Service):
         self._collector = metrics.register(self.engine)
 
     async def close(self) -> None:
-        if self.engine is not None:
-            await asyncio.to_thread(self.engine.stop)
-        if self._collector is not None:
-            metrics.unregister(self._collector)
+        try:
+            if self.engine is not None:
+                await asyncio.to_thread(self.engine.stop)
+        finally:  # a collector left registered fails every later talker of the process ("Duplicated timeseries")
+            if self._collector is not None:
+                metrics.unregister(self._collector)
+                self._collector = None

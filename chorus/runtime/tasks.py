@@ -1,0 +1,49 @@
+"""Stopping background tasks: cancel, wait, and cancel again a task that lost its cancel.
+
+On Python 3.11 a cancel can be lost: `asyncio.wait_for` returns the inner call's result when the cancel lands
+as that call completes (cpython gh-86296, fixed in 3.12), and redis-py sends every command through `wait_for`.
+A task looping over Redis commands (the gateway's run broker, its cancel listener) then runs on, still marked
+`cancelling()`, and a close that awaited it never returned: CI teardowns hung until pytest's 300 s timeout. A
+cancel still pending after `recancel_after_s` is taken as lost and sent again; cancelling at once a task that
+is already cancelling would instead cut the cleanup its first cancel started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+from collections.abc import Iterable
+
+log = logging.getLogger("chorus.tasks")
+
+
+async def cancel_and_wait(
+    tasks: Iterable[asyncio.Task], what: str, recancel_after_s: float = 1.0, timeout_s: float = 10.0
+) -> bool:
+    """Cancels `tasks` (those not cancelling already) and waits until they end, cancelling again every
+    `recancel_after_s` those still running. After `timeout_s` gives up, logging the stacks of those left, and
+    returns False: a close must return even if a task never does."""
+    pending = {task for task in tasks if not task.done()}
+    for task in pending:
+        if not task.cancelling():
+            task.cancel()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while pending:
+        time_left_s = deadline - loop.time()
+        if time_left_s <= 0:
+            log.error("%s: %d task(s) still running %.0f s after cancel:\n%s", what, len(pending), timeout_s,
+                      "".join(_stack(task) for task in pending))  # fmt: skip
+            return False
+        _, pending = await asyncio.wait(pending, timeout=min(recancel_after_s, time_left_s))
+        for task in pending:
+            log.warning("%s: %s still running after its cancel: cancelling it again", what, task.get_name())
+            task.cancel()
+    return True
+
+
+def _stack(task: asyncio.Task) -> str:
+    text = io.StringIO()
+    task.print_stack(file=text)
+    return text.getvalue()

@@ -1,0 +1,69 @@
+"""Stopping background tasks: a cancel that Python 3.11's `asyncio.wait_for` drops is sent again, and a close
+gives up (saying where the task is stuck) rather than wait forever."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+
+from chorus.runtime.tasks import cancel_and_wait
+
+
+async def test_a_cancel_that_wait_for_dropped_is_sent_again():
+    replies: list[asyncio.Future] = []
+    waiting = asyncio.Event()
+
+    async def poll():  # a loop of Redis commands: redis-py sends each through asyncio.wait_for
+        while True:
+            replies.append(asyncio.get_running_loop().create_future())
+            waiting.set()
+            await asyncio.wait_for(replies[-1], timeout=10)
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(poll())
+    await waiting.wait()
+    replies[-1].set_result(None)  # the reply and the cancel land in the same loop iteration
+    task.cancel()
+    await asyncio.sleep(0.05)
+    if sys.version_info < (3, 12):  # gh-86296: wait_for returned the reply, the cancel is gone and the loop runs on
+        assert not task.done() and task.cancelling() == 1 and len(replies) > 1
+    async with asyncio.timeout(5):
+        assert await cancel_and_wait([task], "poller", recancel_after_s=0.05)
+    assert task.cancelled()
+
+
+async def test_a_task_already_cancelling_finishes_its_cleanup():
+    cleaned_up = asyncio.Event()
+
+    async def run():
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.1)  # e.g. recording that the run was cancelled
+            cleaned_up.set()
+            raise
+
+    task = asyncio.create_task(run())
+    await asyncio.sleep(0)
+    task.cancel()  # as a hand-over does before waiting for the run
+    assert await cancel_and_wait([task], "run", recancel_after_s=1.0)
+    assert cleaned_up.is_set() and task.cancelled()
+
+
+async def test_gives_up_after_the_timeout_and_logs_where_the_task_is(caplog):
+    release = asyncio.Event()
+
+    async def stubborn():
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    with caplog.at_level(logging.WARNING, logger="chorus.tasks"):
+        assert not await cancel_and_wait([task], "stubborn loop", recancel_after_s=0.05, timeout_s=0.2)
+    assert "stubborn loop: 1 task(s) still running" in caplog.text and "in stubborn" in caplog.text
+    release.set()
+    await task
