@@ -537,7 +537,7 @@ class TalkerEngine:
             request.frame_log += frames[index].tobytes()
             request.num_frames += 1
             request.buffered_frames += 1
-        _, next_code0 = self.runner.collect(launch)
+        next_code0 = self.runner.collect_code0(launch)
         for index, request in live:
             self._may_finish(request, next_code0[index])
             if request.status is Status.WAITING:  # preempted while this frame was on the device

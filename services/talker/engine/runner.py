@@ -477,12 +477,15 @@ class TalkerRunner:
             launch.frames_done.synchronize()
         return launch.host_frames[launch.rows]
 
-    def collect(self, launch: DecodeLaunch) -> tuple[np.ndarray, np.ndarray]:
-        """Wait for `launch`; its frames `[n, 16]` and next codebook-0 ids `[n]` (active rows only)."""
-        frames = self.collect_frames(launch)
+    def collect_code0(self, launch: DecodeLaunch) -> np.ndarray:
+        """Wait for the whole of `launch`; its next codebook-0 ids `[n]` (active rows only)."""
         if launch.step_done is not None:
             launch.step_done.synchronize()
-        return frames, launch.host_code0[launch.rows]
+        return launch.host_code0[launch.rows]
+
+    def collect(self, launch: DecodeLaunch) -> tuple[np.ndarray, np.ndarray]:
+        """Wait for `launch`; its frames `[n, 16]` and next codebook-0 ids `[n]` (active rows only)."""
+        return self.collect_frames(launch), self.collect_code0(launch)
 
     def decode(self, active_rows: list[int], text_ids: list[int], max_position: int):
         """`launch` and `collect` in one call."""
