@@ -27,6 +27,11 @@ class VocoderConfig(ServiceConfig):
     batch_window_ms: float = option(
         2.0, "How long new work waits so concurrent chunks share one forward (not when no other stream could join)."
     )
+    sweep_interval_ms: float = option(
+        50.0,
+        "Streams with over 1 s of audio decoded ahead of their listener wait for a sweep, this often, that decodes "
+        "them together (out of step, they would otherwise decode a few at a time); 0: every chunk at once.",
+    )
     idle_timeout_s: float = option(60.0, "A stream nobody sends to or reads from for this long is freed.")
     max_reference_audio_s: float = option(60.0, "Longest reference audio `Encode` accepts.")
     use_cuda_graphs: bool = option(True, "Capture CUDA graphs per (batch, chunk length) bucket on CUDA.")

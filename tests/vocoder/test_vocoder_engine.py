@@ -252,3 +252,47 @@ async def test_the_batching_window_waits_only_for_streams_that_could_join(tiny_c
                 assert waited_s < window_s / 2, f"a lone stream waited {waited_s:.2f} s"
     finally:
         await engine.stop()
+
+
+async def test_streams_well_ahead_of_their_listeners_share_a_sweep(tiny_codec):
+    """Two streams with seconds of audio decoded: a chunk of one waits for a sweep, due an interval after it, and so
+    shares one batch with the other's, sent 30 ms later; without sweeps they decode apart. A newcomer's first chunk
+    (not ahead) and a stream's last chunk (its caller waits for the end) are decoded at once."""
+    codes = random_codes(60, seed=3, batch_size=3)
+    interval_s = 0.5
+    for sweep_interval_s, expected_sizes in ((interval_s, [2]), (0.0, [1, 1])):
+        reports: list[BatchReport] = []
+        settings = EngineSettings(batch_window_s=0.005, sweep_interval_s=sweep_interval_s, piece_lengths=(1, 2, 4, 25))
+        engine = DecodeEngine(CodecRunner(tiny_codec.decoder, max_streams=4), settings, on_batch=reports.append)
+        await engine.start()
+        loop = asyncio.get_running_loop()
+        try:
+            first, second = engine.open_stream("first"), engine.open_stream("second")
+            for stream in (first, second):  # 50 frames: 4 s of audio, decoded in well under a second
+                await stream.send(codes[0, :50].numpy())
+                while stream.num_frames_decoded < 50:
+                    await anext(stream)
+            reports.clear()
+            sent_at = loop.time()
+            await first.send(codes[1, :4].numpy())
+            await asyncio.sleep(0.03)
+            await second.send(codes[2, :4].numpy())
+            await anext(first)
+            await anext(second)
+            assert [report.batch_size for report in reports] == expected_sizes
+            assert loop.time() - sent_at < interval_s + 0.25, "a sweep came late"
+            if sweep_interval_s:
+                async with engine.open_stream("newcomer") as newcomer:
+                    started = loop.time()
+                    await newcomer.send(codes[0, :1].numpy())
+                    await anext(newcomer)
+                    assert loop.time() - started < interval_s / 2, "a newcomer's first chunk waited for a sweep"
+                started = loop.time()
+                await first.send(codes[1, 4:8].numpy())
+                first.end_input()
+                await anext(first)
+                assert loop.time() - started < interval_s / 2, "a last chunk waited for a sweep"
+            first.close()
+            second.close()
+        finally:
+            await engine.stop()

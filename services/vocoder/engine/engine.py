@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -30,6 +31,11 @@ from chorus.vocoder.models.codec_encoder import CodecEncoder
 class EngineSettings:
     max_batch_size: int = 64
     batch_window_s: float = 0.002  # wait this long after new work so concurrent chunks share a forward
+    # A stream at least `ahead_lead_s` of audio ahead of its listener is not urgent: its chunks wait for the next
+    # sweep, every `sweep_interval_s`, which decodes every such stream's pending frames together. Out of step with
+    # each other, streams past their first chunks would otherwise decode a few at a time. 0: no sweeps.
+    sweep_interval_s: float = 0.05
+    ahead_lead_s: float = 1.0
     max_chunk_frames: int = 25  # longer chunks are decoded in pieces (exact: the state carries over)
     # Decode pieces of these frame counts only (include 1); empty: any count. On CUDA the captured graph lengths,
     # so every decode replays a graph: an uncaptured length runs eager and autotunes its convolutions (~1 s).
@@ -80,6 +86,8 @@ class DecodeEngine:
         self.settings = settings
         self.samples_per_frame = runner.decoder.samples_per_frame
         self._config = runner.decoder.config
+        self._frame_s = self.samples_per_frame / self._config.output_sample_rate_hz
+        self._sweep_at_s: float | None = None  # set while chunks wait for a sweep
         self._free_slots = collections.deque(range(runner.max_streams))
         self._streams: dict[int, StreamRecord] = {}
         self._wakeup = asyncio.Event()
@@ -170,11 +178,11 @@ class DecodeEngine:
     async def _run(self) -> None:
         reap_interval_s = max(0.05, min(1.0, self.settings.idle_timeout_s / 4))
         while not self._is_stopping:
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout=reap_interval_s)
-            except TimeoutError:
-                self._reap_idle()
-                continue
+            timeout_s = reap_interval_s
+            if self._sweep_at_s is not None:
+                timeout_s = min(timeout_s, max(0.0, self._sweep_at_s - time.monotonic()))
+            with contextlib.suppress(TimeoutError):  # on timeout: a sweep is due, or idle streams may be reaped
+                await asyncio.wait_for(self._wakeup.wait(), timeout=timeout_s)
             self._wakeup.clear()
             if self._is_stopping:
                 break
@@ -183,8 +191,17 @@ class DecodeEngine:
             self._reap_idle()
             for batch in self._plan_batches():
                 await self._decode_batch(batch)
-            if any(record.can_schedule() for record in self._streams.values()):
+            now_s = time.monotonic()
+            if any(record.can_schedule() and self._is_urgent(record, now_s) for record in self._streams.values()):
                 self._wakeup.set()
+
+    def _is_urgent(self, record: StreamRecord, now_s: float) -> bool:
+        """Whether a stream's pending frames go in the next batch rather than the next sweep: its listener is less
+        than `ahead_lead_s` ahead of them, its input has ended (its caller waits for the end), or they are context
+        frames (a fail-over's priming, before the audio the listener waits for)."""
+        if self.settings.sweep_interval_s <= 0 or record.is_input_done or record.segments[0].is_context:
+            return True
+        return record.lead_s(now_s, self._frame_s) < self.settings.ahead_lead_s
 
     def _may_join_soon(self) -> bool:
         """Whether an open stream without frames to decode could send some within the batching window, which is
@@ -196,13 +213,22 @@ class DecodeEngine:
         )
 
     def _plan_batches(self) -> list[list[tuple[StreamRecord, PendingFrames]]]:
-        """Takes one piece from every schedulable stream and groups pieces of equal length."""
+        """Takes one piece from every schedulable stream that is urgent (from every one in a sweep; the first stream
+        left waiting sets the next sweep) and groups pieces of equal length."""
+        now_s = time.monotonic()
+        is_sweep = self._sweep_at_s is not None and now_s >= self._sweep_at_s
+        if is_sweep:
+            self._sweep_at_s = None
         by_length: dict[int, list[tuple[StreamRecord, PendingFrames]]] = collections.defaultdict(list)
         for record in self._streams.values():
-            if record.can_schedule():
+            if not record.can_schedule():
+                continue
+            if is_sweep or self._is_urgent(record, now_s):
                 piece = record.take(self._piece_frames(len(record.segments[0].codes)))
                 record.is_in_flight = True
                 by_length[len(piece.codes)].append((record, piece))
+            elif self._sweep_at_s is None:
+                self._sweep_at_s = now_s + self.settings.sweep_interval_s
         size = self.settings.max_batch_size
         return [group[i : i + size] for group in by_length.values() for i in range(0, len(group), size)]
 
@@ -243,6 +269,7 @@ class DecodeEngine:
                 continue
             if not piece.is_context:
                 offset = record.num_frames_decoded * self.samples_per_frame
+                record.first_output_s = record.first_output_s or time.monotonic()
                 record.outputs.append(PcmPiece(samples[row], offset, num_frames))
                 record.num_frames_decoded += num_frames
                 record.output_ready.set()

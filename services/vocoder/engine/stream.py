@@ -49,6 +49,7 @@ class StreamRecord:
         self.is_started = False  # False until its state row has been reset by a first decode
         self.num_pending_frames = 0
         self.num_frames_decoded = 0  # output frames only
+        self.first_output_s: float | None = None  # when its first audio was decoded (time.monotonic)
         self.outputs: collections.deque[PcmPiece] = collections.deque()
         self.max_pending_outputs = max_pending_outputs
         self.output_ready = asyncio.Event()  # set on new output and on the end of the stream
@@ -64,6 +65,12 @@ class StreamRecord:
         if len(codes):
             self.segments.append(PendingFrames(codes, is_context))
             self.num_pending_frames += len(codes)
+
+    def lead_s(self, now_s: float, frame_s: float) -> float:
+        """Audio decoded beyond what a listener playing from the first output on has heard (0 before any)."""
+        if self.first_output_s is None:
+            return 0.0
+        return self.num_frames_decoded * frame_s - (now_s - self.first_output_s)
 
     def can_schedule(self) -> bool:
         return (
