@@ -6,7 +6,8 @@ the leases every `lease_s / 4` and, unless the process is draining, reclaims run
 any dead or hung process, continuing each from its journal (`continue_run`). A run this process lost (it
 was presumed dead while stopped, and another process took it) is stopped here without a trace. On SIGTERM
 (`hand_over`) the process stops its runs' production, marks their entries free for the taking, and its
-readers follow the runs' journals while other processes continue them.
+readers follow the runs' journals while other processes continue them. A drain first lets the loop's tick
+under way end, claiming and starting nothing more: an XAUTOCLAIM after the release would take the runs back.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class RunBroker:
         self.is_draining = False
         self.num_taken_over = 0
         self._loop: asyncio.Task | None = None
+        self._draining = asyncio.Event()  # wakes the loop from its wait between ticks
 
     @property
     def runner(self) -> str:
@@ -68,14 +70,14 @@ class RunBroker:
 
     async def _keep(self, continue_run: ContinueRun) -> None:
         interval_s = self.queue.lease_s / 4
-        while True:
+        while not self.is_draining:
             try:
-                if not self.is_draining:  # a renewal now would take back the runs just handed over
-                    await self._renew()
-                    await self._reclaim(continue_run)
+                await self._renew()
+                await self._reclaim(continue_run)
             except (ChorusError, *REDIS_ERRORS) as exc:
                 log.warning("run leases: %s; retrying", exc)
-            await asyncio.sleep(interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._draining.wait(), interval_s)
 
     async def _renew(self) -> None:
         runs = self.runs.live_runs()  # before the heartbeat: a run queued meanwhile is not in its answer
@@ -86,7 +88,13 @@ class RunBroker:
                 self.runs.hand_over(run.request_id)
 
     async def _reclaim(self, continue_run: ContinueRun) -> None:
-        for entry in await self.queue.reclaim():
+        if self.is_draining:
+            return
+        entries = await self.queue.reclaim()
+        for index, entry in enumerate(entries):
+            if self.is_draining:
+                await self._release_unstarted(entries[index:])
+                return
             if self.runs.is_running(entry.request_id):
                 continue  # ours all along: its lease lapsed while this process was busy, and now it is renewed
             started = time.monotonic()
@@ -100,6 +108,9 @@ class RunBroker:
             if run is None:  # it had ended, or cannot run
                 await self.queue.done(entry.entry_id)
                 continue
+            if self.is_draining:
+                await self._release_unstarted(entries[index:])
+                return
             run.entry_id = entry.entry_id
             self.num_taken_over += 1
             log.warning(
@@ -109,9 +120,16 @@ class RunBroker:
             )
             self._start(run, None, is_detachable=False)
 
+    async def _release_unstarted(self, entries: list[RunEntry]) -> None:
+        """The drain began during this tick: the entries it claimed and did not start go to the other processes."""
+        await self.queue.release([entry.entry_id for entry in entries])
+
     async def hand_over(self) -> int:
         """Stops taking runs, and hands every run of this process to the others; returns how many."""
         self.is_draining = True
+        self._draining.set()
+        if self._loop is not None:  # its tick under way ends first: a claim after the release takes the runs back
+            await asyncio.wait([self._loop])
         runs = self.runs.live_runs()
         for run in runs:
             self.runs.hand_over(run.request_id)

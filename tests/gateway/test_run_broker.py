@@ -1,12 +1,17 @@
-"""The run broker stops when its loop's Redis command drops the close's cancel (Python 3.11's `wait_for`)."""
+"""The run broker: it stops when its loop's Redis command drops the close's cancel (Python 3.11's `wait_for`),
+and a drain leaves no run claimed or started by the tick under way (against a real redis-server)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 from chorus.gateway.run_broker import RunBroker
 from chorus.gateway.runner import RunRegistry
+from chorus.gateway.state.connection import open_redis
+from chorus.gateway.state.requests import RequestStore
+from chorus.gateway.state.runs import RunEntry, RunQueue
 
 
 class LateReplyQueue:
@@ -38,3 +43,50 @@ async def test_close_returns_when_the_heartbeat_drops_its_cancel():
     async with asyncio.timeout(5):  # before the fix the close waited forever (CI: until pytest's 300 s timeout)
         await broker.close()
     assert time.monotonic() - started_s < 3 and broker._loop.done()
+
+
+class ParkedRun:
+    """A run taken over that would run until stopped."""
+
+    entry_id: str | None = None
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+
+    async def run(self) -> str:
+        await asyncio.Event().wait()
+
+    def hand_over(self, task: asyncio.Task) -> None:
+        task.cancel()
+
+
+async def test_a_tick_under_way_when_the_drain_begins_claims_and_starts_nothing(redis_url):
+    client = open_redis(redis_url)
+    stream = f"chorus:runs:{uuid.uuid4().hex}"
+    dead, draining, other = (RunQueue(client, name, 0.2, stream) for name in ("dead", "draining", "other"))
+    _, fields = RequestStore(client).new_record("speech", "m")
+    _, entry_id = await dead.admit(fields, b"spec", 60, None)
+    await dead.release([entry_id])  # its process stopped: the run is free for the taking
+    in_take_over, drain_began = asyncio.Event(), asyncio.Event()
+
+    async def continue_run(entry: RunEntry) -> ParkedRun:
+        in_take_over.set()  # claimed by XAUTOCLAIM; now reading the run's journal
+        await drain_began.wait()
+        return ParkedRun(entry.request_id)
+
+    broker = RunBroker(draining, RunRegistry(journal=None))
+    broker.start(continue_run)
+    try:
+        async with asyncio.timeout(5):
+            await in_take_over.wait()
+            handing_over = asyncio.create_task(broker.hand_over())
+            await asyncio.sleep(0)  # the drain has begun
+            drain_began.set()
+            await handing_over
+        # Before the fix the tick started the run after the hand-over, and kept its entry from the others.
+        assert [entry.entry_id for entry in await other.reclaim()] == [entry_id], "handed on to the others at once"
+        assert broker.runs.live_runs() == [], "the drain began before the take-over could start its run"
+    finally:
+        await broker.close()
+        await broker.runs.close()
+        await client.aclose()
