@@ -28,6 +28,7 @@ from chorus.gateway.state.cancel import CancelListener, CancelWatch
 from chorus.gateway.state.journal import JournalEntry, JournalPosition, OutputJournal
 from chorus.gateway.state.requests import CANCELLED, DONE, FAILED, RUNNING, RequestStore, RunLost
 from chorus.runtime.errors import ChorusError, status_for
+from chorus.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger("chorus.gateway.run")
 HANDED_OVER = "handed-over"  # `run`'s result when another process continues the run
@@ -121,8 +122,9 @@ class JournaledRun:
             await self._end(CANCELLED, {"code": "CANCELLED", "message": "the client went away"}, None)
             raise
         finally:
-            cancel_watch.cancel()
-            produce.cancel()
+            # Both end with the run: a cancel watch left behind polls Redis for a request long over (forever if a
+            # Redis command lost its cancel), and a production left behind could journal after a hand-over.
+            await cancel_and_wait([cancel_watch, produce], f"request {self.request_id}")
 
     async def _journal(self, sequence: int, data: bytes) -> int:
         """Journals `data` as chunk `sequence` (nothing for empty data); returns the next sequence. A run taken
