@@ -107,9 +107,11 @@ class ServiceHost:
     async def stop(self) -> None:
         log.info("%s draining (grace %.1f s)", self.service.name, self.config.grace_s)
         await self._set_serving(False)
-        await self.service.drain()
-        await self.server.stop(self.config.grace_s)
-        await self.service.close()
+        try:
+            await self.service.drain()
+        finally:  # a failed drain still stops the calls and frees the service's resources; its error goes on up
+            await self.server.stop(self.config.grace_s)
+            await self.service.close()
         log.info("%s stopped", self.service.name)
 
     async def _set_serving(self, is_serving: bool) -> None:

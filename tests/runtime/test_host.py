@@ -51,6 +51,7 @@ class TickerService(Service):
         self.warm = asyncio.Event()
         self.closed = False
         self.num_drains = 0
+        self.drain_error: Exception | None = None
 
     def register(self, server):
         diffusion_pb2_grpc.add_DiffusionServicer_to_server(TickerServicer(), server)
@@ -60,6 +61,8 @@ class TickerService(Service):
 
     async def drain(self):
         self.num_drains += 1
+        if self.drain_error is not None:
+            raise self.drain_error
 
     async def close(self):
         self.closed = True
@@ -179,6 +182,20 @@ async def test_graceful_stop_finishes_the_in_flight_stream_then_refuses_new_call
     assert [m.progress.step for m in messages[:-1]] == list(range(1, 11))
     assert messages[-1].final.reason == common_pb2.FINISH_REASON_COMPLETE
     assert service.closed
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call(host, "late", num_steps=1)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_failed_drain_is_raised_after_the_server_stopped_and_the_service_closed(host):
+    host, service, starting = host
+    service.warm.set()
+    await starting
+    service.drain_error = RuntimeError("drain failed")
+    with pytest.raises(RuntimeError, match="drain failed"):
+        await host.stop()
+    service.drain_error = None
+    assert service.closed, "before the fix the failed drain skipped the close"
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await call(host, "late", num_steps=1)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
