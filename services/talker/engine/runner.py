@@ -204,6 +204,8 @@ class TalkerRunner:
             self.prefill(list(range(num_rows)), embeds, [num_positions - row for row in range(num_rows)])
             for row in range(num_rows):
                 self.kv_blocks.release(row)
+        if self.padded_prefill is not None:
+            self._compile_unpadded_prefill()
         if self.graphs is None:
             return
         self.padded_prefill.capture_all()
@@ -220,6 +222,18 @@ class TalkerRunner:
         for num_rows in buckets[-2:]:
             if (num_rows, shortest, 0) not in self.graphs.graphs:
                 self.graphs.capture(num_rows, shortest, 0)
+
+    @torch.inference_mode()
+    def _compile_unpadded_prefill(self) -> None:
+        """Compile now what a prompt past the padded buckets runs (a request resumed deep into its audio): its later
+        chunks attend more positions than they feed, a shape class of their own, which would otherwise compile
+        when such a request first comes, pausing every stream for seconds. The numbers are thrown away."""
+        num_layers, _, _, num_kv_heads, _, head_dim = self.talker_cache.shape
+        for num_rows in (1, 2):
+            embeds = torch.zeros(num_rows, 8, self.config.talker.hidden_size, device=self.device, dtype=self.dtype)
+            positions = torch.arange(8, 16, device=self.device).repeat(num_rows, 1)
+            scratch = self.talker_cache.new_zeros(num_layers, 2, num_rows, num_kv_heads, 16, head_dim)
+            self.model.talker.model(embeds, positions, list(scratch), 16)
 
     def _cache_views(self, cache: torch.Tensor, rows: slice) -> list[torch.Tensor]:
         return [layer[:, rows] for layer in cache]

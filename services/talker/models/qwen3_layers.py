@@ -246,12 +246,12 @@ class Qwen3DecoderStack(nn.Module):
         """Fuse projections and `torch.compile` what decode steps run (CUDA serving). Fusing element-wise work
         turns ~70 small kernels per layer into ~10, which is what bounds a decode step at small batch.
 
-        With the Triton kernels of `decode_kernels` (CUDA), decode steps take their own path and only its output
-        half is compiled: decode steps replay as CUDA graphs, where kernel count is all that matters, while
-        prefills take the uncompiled path (which the runner replays as graphs of its own) — a call into code
-        compiled for dynamic shapes costs the host 0.3–0.8 ms, so compiled halves made one 0.6B prefill take ~40 ms
-        of host time. Without the kernels both halves of the shared path are compiled. Layers share one compiled
-        artifact per shape class."""
+        The halves of the shared path (prefills, and decode steps where the Triton kernel of `decode_kernels` does
+        not apply) are compiled; with the kernel, decode steps take their own path, whose output half is compiled
+        on its own. Both replay as CUDA graphs, where kernel count is all that matters: a call into code compiled
+        for dynamic shapes costs the host 0.3–0.8 ms, which a replay does not pay (an eager prefill, past the
+        runner's padded buckets, pays it, as it would pay ~50 kernel launches per layer uncompiled). Layers share
+        one compiled artifact per shape class."""
         if self.optimized:
             return
         self.optimized = True
@@ -262,9 +262,8 @@ class Qwen3DecoderStack(nn.Module):
             if self.decode_kernels is not None:
                 layer.decode_kernels = self.decode_kernels
                 layer.decode_output_and_mlp = torch.compile(layer.output_and_mlp, dynamic=True, fullgraph=True)
-            else:
-                layer.attention_inputs = torch.compile(layer.attention_inputs, dynamic=True, fullgraph=True)
-                layer.attention_and_mlp = torch.compile(layer.attention_and_mlp, dynamic=True, fullgraph=True)
+            layer.attention_inputs = torch.compile(layer.attention_inputs, dynamic=True, fullgraph=True)
+            layer.attention_and_mlp = torch.compile(layer.attention_and_mlp, dynamic=True, fullgraph=True)
         first_norm = self.layers[0].input_layernorm
         first_norm.forward = torch.compile(first_norm.forward, dynamic=True, fullgraph=True)
 
