@@ -18,7 +18,6 @@ A subclass may `mark` the stages of its production; they are stored on the recor
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -28,7 +27,7 @@ from chorus.gateway.state.cancel import CancelListener, CancelWatch
 from chorus.gateway.state.journal import JournalEntry, JournalPosition, OutputJournal
 from chorus.gateway.state.requests import CANCELLED, DONE, FAILED, RUNNING, RequestStore, RunLost
 from chorus.runtime.errors import ChorusError, status_for
-from chorus.runtime.tasks import cancel_and_wait
+from chorus.runtime.tasks import cancel_and_join, cancel_and_wait
 
 log = logging.getLogger("chorus.gateway.run")
 HANDED_OVER = "handed-over"  # `run`'s result when another process continues the run
@@ -99,9 +98,7 @@ class JournaledRun:
                 # Redis failed while watching: the run's own journal writes will surface it.
                 await asyncio.wait({produce})
             if not produce.done():  # a cancel was requested
-                produce.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await produce
+                await cancel_and_join(produce, f"request {self.request_id}")
                 return await self._end(CANCELLED, None, None)
             try:
                 usage = produce.result()

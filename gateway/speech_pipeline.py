@@ -35,6 +35,7 @@ from chorus.gateway.failover import (
 from chorus.gateway.frame_log import FrameLog
 from chorus.runtime.errors import ChorusError, InvalidRequest, Overloaded, Unavailable
 from chorus.runtime.logs import REQUEST_ID_HEADER
+from chorus.runtime.tasks import cancel_and_join
 from chorus.v1 import common_pb2, talker_pb2, vocoder_pb2
 
 CODEC_FRAME_RATE_HZ = 12.5  # the Qwen3-TTS 12 Hz codec: sample rate / 12.5 samples per frame
@@ -201,10 +202,9 @@ class SegmentPipeline:
         except grpc.aio.AioRpcError as exc:
             _raise_for(exc, "vocoder")
         finally:
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):  # what ended the stream is raised already
-                await sender
             call.cancel()
+            with contextlib.suppress(Exception):  # what ended the stream is raised already
+                await cancel_and_join(sender, "vocoder sender")
 
     def _vocoder_owes(self) -> bool:
         """Whether the vocoder has work to answer (audio of frames sent, or its Final): silence is then a stall."""
@@ -261,6 +261,5 @@ async def synthesize_segment(
             await talker
     finally:
         if talker is not None:
-            talker.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ChorusError):
-                await talker
+            with contextlib.suppress(ChorusError):
+                await cancel_and_join(talker, "talker side")

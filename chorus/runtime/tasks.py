@@ -6,6 +6,10 @@ A task looping over Redis commands (the gateway's run broker, its cancel listene
 `cancelling()`, and a close that awaited it never returned: CI teardowns hung until pytest's 300 s timeout. A
 cancel still pending after `recancel_after_s` is taken as lost and sent again; cancelling at once a task that
 is already cancelling would instead cut the cleanup its first cancel started.
+
+A task stopping one of its own (`cancel_and_join`) must not swallow a cancel of itself: `task.cancel()` then
+`await task` under `suppress(CancelledError)` does, since a cancel of a task awaiting another is passed on to
+the one awaited, whose CancelledError is then all the caller sees. `asyncio.wait` is cancelled instead.
 """
 
 from __future__ import annotations
@@ -41,6 +45,14 @@ async def cancel_and_wait(
             log.warning("%s: %s still running after its cancel: cancelling it again", what, task.get_name())
             task.cancel()
     return True
+
+
+async def cancel_and_join(task: asyncio.Task, what: str) -> None:
+    """Cancels `task` and waits until it ends (as `cancel_and_wait`), then raises what it raised, if anything other
+    than its cancel. A cancel of the caller meanwhile propagates."""
+    await cancel_and_wait([task], what)
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        raise task.exception()
 
 
 def _stack(task: asyncio.Task) -> str:

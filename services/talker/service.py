@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -15,6 +14,7 @@ import torch
 from chorus.runtime.errors import InvalidRequest, Overloaded, Unavailable
 from chorus.runtime.host import Service
 from chorus.runtime.logs import request_id_var
+from chorus.runtime.tasks import cancel_and_join
 from chorus.talker import metrics
 from chorus.talker.config import TalkerConfig
 from chorus.talker.engine.engine import EngineConfig, EngineFullError, TalkerEngine
@@ -167,9 +167,7 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
         finally:
             if not stream.finished:
                 engine.abort(request.request_id)  # client gone, deadline passed or bad input: free the slot
-            feeder.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await feeder
+            await cancel_and_join(feeder, "text feeder")
         yield talker_pb2.SynthesizeOutput(final=self._final(stream))
 
     async def _feed_text(self, engine: TalkerEngine, request: talker_pb2.SynthesisRequest, messages) -> None:

@@ -78,6 +78,7 @@ class ContractTalker(talker_pb2_grpc.TalkerServicer):
 class ContractVocoder(vocoder_pb2_grpc.VocoderServicer):
     def __init__(self) -> None:
         self.num_cancelled = 0
+        self.drains_first_stream = False  # when set: its first stream ends after one chunk, as a replica draining
 
     async def Decode(self, request_iterator, context):
         messages = aiter(request_iterator)
@@ -105,6 +106,10 @@ class ContractVocoder(vocoder_pb2_grpc.VocoderServicer):
                     sample_offset=sample_offset,
                 )
                 yield vocoder_pb2.DecodeOutput(pcm=pcm)
+                if self.drains_first_stream:
+                    self.drains_first_stream, is_finished = False, True
+                    yield vocoder_pb2.DecodeOutput(final=common_pb2.Final(reason=common_pb2.FINISH_REASON_CANCELLED))
+                    return
                 sequence, sample_offset = sequence + 1, sample_offset + samples.size
             yield vocoder_pb2.DecodeOutput(final=common_pb2.Final(reason=common_pb2.FINISH_REASON_COMPLETE))
             is_finished = True

@@ -1,4 +1,5 @@
-"""The lifecycle every run shares, against a real redis-server: the tasks a run starts end with it."""
+"""The lifecycle every run shares, against a real redis-server: the tasks a run starts end with it, and a cancel
+of the run is never swallowed while it stops them."""
 
 from __future__ import annotations
 
@@ -14,16 +15,21 @@ from chorus.gateway.state.requests import DONE, RequestStore
 
 
 class HeldRun(JournaledRun):
-    """Produces nothing; holds until `release` is set."""
+    """Produces nothing; holds until `release` is set. Calls `on_stop` when its production is cancelled."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.release = asyncio.Event()
         self.is_producing = asyncio.Event()
+        self.on_stop = lambda: None
 
     async def _produce(self) -> dict:
         self.is_producing.set()
-        await self.release.wait()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.on_stop()
+            raise
         return {"last_sequence": -1}
 
 
@@ -64,3 +70,14 @@ async def test_the_cancel_watch_and_the_production_end_with_the_run(new_run):
         run.hand_over(running)
         assert await running == HANDED_OVER
         assert tasks_of_the_run() == [], "a production left running could journal after the hand-over"
+
+
+async def test_a_cancel_of_the_run_while_it_stops_its_production_is_not_swallowed(new_run):
+    async with asyncio.timeout(5):
+        run = await new_run()
+        running = asyncio.create_task(run.run())
+        await run.is_producing.wait()
+        run.on_stop = running.cancel  # the run's last reader leaves as a cancel request stops the production
+        await run.requests.request_cancel(run.request_id)
+        await asyncio.wait([running])
+    assert running.cancelled(), "before the fix the run swallowed its own cancel and returned CANCELLED"

@@ -22,6 +22,7 @@ from gateway_contract_backends import (
 )
 from prometheus_client import REGISTRY
 
+from chorus.gateway.frame_log import FrameLog
 from chorus.gateway.runner import RunRegistry
 from chorus.gateway.speech_pipeline import synthesize_segment
 from chorus.gateway.speech_run import SpeechRun, segment_requests
@@ -97,6 +98,74 @@ async def test_stopping_the_consumer_cancels_both_upstream_calls(backends):
     await anext(stream)
     await stream.aclose()  # the client went away
     await wait_until(lambda: talker.num_cancelled == 1 and vocoder.num_cancelled == 1)
+
+
+class CancelWhenStopped(FrameLog):
+    """A segment's frames that cancel `consumer` as one side of the pipeline stops (`side`: "talker", whose task
+    fails the log with its cancel; "vocoder", whose frame sender is cancelled while it waits for frames), that is
+    while the segment waits for that side to end."""
+
+    def __init__(self, side: str) -> None:
+        super().__init__()
+        self.side = side
+        self.consumer: asyncio.Task | None = None
+
+    def _stopped(self, side: str) -> None:
+        if side == self.side and self.consumer is not None:
+            self.consumer.cancel()
+            self.consumer = None
+
+    def fail(self, error: BaseException) -> None:
+        if isinstance(error, asyncio.CancelledError):
+            self._stopped("talker")
+        super().fail(error)
+
+    async def wait_beyond(self, num_frames: int) -> int:
+        try:
+            return await super().wait_beyond(num_frames)
+        except asyncio.CancelledError:
+            self._stopped("vocoder")
+            raise
+
+
+async def ended_cancelled(task: asyncio.Task, timeout_s: float = 2.0) -> bool:
+    """Whether `task` ended cancelled within `timeout_s` (then it is cancelled, if still running)."""
+    await asyncio.wait([task], timeout=timeout_s)
+    if task.done():
+        return task.cancelled()
+    task.cancel()
+    await asyncio.wait([task], timeout=timeout_s)
+    return False
+
+
+async def test_a_cancel_while_the_segment_stops_its_talker_side_is_not_swallowed(backends):
+    talker, _, (talker_stub, vocoder_stub) = backends
+    talker.gate = asyncio.Event()  # the talker holds after its first chunk
+    frames = CancelWhenStopped("talker")
+
+    async def consume() -> None:
+        text = request("A long sentence that keeps going.")
+        stream = synthesize_segment(FixedReplicas(talker_stub, vocoder_stub), text, frames=frames)
+        await anext(stream)
+        await stream.aclose()  # the consumer stops the segment, which stops its talker side
+
+    frames.consumer = asyncio.create_task(consume())
+    assert await ended_cancelled(frames.consumer), "before the fix the segment swallowed it: the consumer went on"
+
+
+async def test_a_cancel_while_a_failed_vocoder_stream_stops_its_sender_is_not_swallowed(backends):
+    talker, vocoder, (talker_stub, vocoder_stub) = backends
+    talker.gate = asyncio.Event()  # the talker holds after its first chunk
+    vocoder.drains_first_stream = True  # the segment's first vocoder stream fails after one chunk of audio
+    frames = CancelWhenStopped("vocoder")
+
+    async def consume() -> None:
+        text = request("A long sentence that keeps going.")
+        async for _ in synthesize_segment(FixedReplicas(talker_stub, vocoder_stub), text, frames=frames):
+            pass
+
+    frames.consumer = asyncio.create_task(consume())
+    assert await ended_cancelled(frames.consumer), "before the fix the stream swallowed it, and the segment failed over"
 
 
 async def test_run_journals_segments_in_order_and_finishes_done(backends, state):

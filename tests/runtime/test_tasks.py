@@ -1,5 +1,6 @@
 """Stopping background tasks: a cancel that Python 3.11's `asyncio.wait_for` drops is sent again, and a close
-gives up (saying where the task is stuck) rather than wait forever."""
+gives up (saying where the task is stuck) rather than wait forever; a task stopping one of its own raises what
+that one raised and never swallows a cancel of itself."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import contextlib
 import logging
 import sys
 
-from chorus.runtime.tasks import cancel_and_wait
+import pytest
+
+from chorus.runtime.tasks import cancel_and_join, cancel_and_wait
 
 
 async def test_a_cancel_that_wait_for_dropped_is_sent_again():
@@ -67,3 +70,45 @@ async def test_gives_up_after_the_timeout_and_logs_where_the_task_is(caplog):
     assert "stubborn loop: 1 task(s) still running" in caplog.text and "in stubborn" in caplog.text
     release.set()
     await task
+
+
+async def test_join_raises_what_the_task_raised_but_not_its_cancel():
+    async def failing_cleanup():
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise ValueError("its cleanup failed") from None
+
+    for body, error in ((asyncio.Event().wait, None), (failing_cleanup, ValueError)):
+        task = asyncio.create_task(body())
+        await asyncio.sleep(0)
+        if error is None:
+            await cancel_and_join(task, "task")
+            assert task.cancelled()
+        else:
+            with pytest.raises(error):
+                await cancel_and_join(task, "task")
+
+
+async def test_join_never_swallows_a_cancel_of_the_caller():
+    caller: asyncio.Task | None = None
+
+    async def child():
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            caller.cancel()  # lands while the caller waits for this task to end
+            raise
+
+    async def stop_child() -> str:
+        task = asyncio.create_task(child())
+        await asyncio.sleep(0)
+        await cancel_and_join(task, "child")
+        return "went on"
+
+    caller = asyncio.create_task(stop_child())
+    async with asyncio.timeout(5):
+        await asyncio.wait([caller])
+    # `task.cancel(); await task` under suppress(CancelledError) returns "went on": on 3.11 the caller's cancel is
+    # passed on to the child it awaits, and the child's CancelledError looks like the expected one.
+    assert caller.cancelled()

@@ -10,7 +10,7 @@ import pytest
 
 from chorus.runtime.host import ServiceHost
 from chorus.talker.config import TalkerConfig
-from chorus.talker.service import TalkerService
+from chorus.talker.service import TalkerService, TalkerServicer
 from chorus.v1 import common_pb2, talker_pb2, talker_pb2_grpc
 from chorus.wire import chunk_to_codes, codes_to_chunk
 
@@ -192,6 +192,27 @@ async def test_cancelling_the_call_frees_the_slot(talker):
             break
         await asyncio.sleep(0.02)
     assert load.live_streams == 0 and load.free_slots == 4
+
+
+async def test_a_cancel_of_the_call_while_it_stops_its_text_feeder_is_not_swallowed(talker):
+    _, service = talker
+    call: asyncio.Task | None = None
+
+    async def messages():
+        yield request(request_id="cancelled-at-the-end", max_frames=2, ignore_eos=True, streaming_text=True)
+        try:
+            await asyncio.Event().wait()  # the client sends no more text, nor its end
+        except asyncio.CancelledError:
+            call.cancel()  # the client goes away as the call, its frames made, stops the feeder
+            raise
+
+    async def synthesize() -> list:
+        return [output async for output in TalkerServicer(service).Synthesize(messages(), context=None)]
+
+    call = asyncio.create_task(synthesize())
+    async with asyncio.timeout(10):
+        await asyncio.wait([call])
+    assert call.cancelled(), "before the fix the call swallowed its cancel and went on to send its Final"
 
 
 async def test_list_voices_reports_the_checkpoint(talker):
