@@ -1,8 +1,7 @@
-"""The Triton decode kernel computes what the PyTorch decode path computes: keys and values written at each row's
-positions of its own blocks and nowhere else, attention of the rotated queries over the row's cached positions and
-its new tokens.
+"""The Triton decode kernels compute what the PyTorch decode path computes: rotated queries, keys and values
+written at each row's position of its own blocks and nowhere else, attention over the written positions.
 
-On CUDA it runs compiled; without it, in Triton's interpreter on the CPU (skipped where Triton is not installed),
+On CUDA they run compiled; without it, in Triton's interpreter on the CPU (skipped where Triton is not installed),
 which runs the same kernel code — block-table addressing included — but says nothing of speed."""
 
 from __future__ import annotations
@@ -57,17 +56,10 @@ def _unpaged(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("num_tokens", [1, 2])
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim", "length", "block_size"),
-    [
-        (16, 8, 128, 256, 64),
-        (16, 8, 128, 16, 16),
-        (4, 2, 16, 128, 64),
-        (4, 2, 16, 64, 16),
-        (8, 1, 32, 64, 32),  # a group of 8: with 2 tokens, 16 query rows, the whole tile
-        (2, 2, 16, 32, 16),  # no grouping
-    ],
+    [(16, 8, 128, 256, 64), (16, 8, 128, 16, 16), (4, 2, 16, 128, 64), (4, 2, 16, 64, 16)],
 )
-def test_kernel_matches_the_torch_decode_path(dtype, num_tokens, num_heads, num_kv_heads, head_dim, length, block_size):
-    from chorus.talker.models.decode_kernels import qk_norm_rope_attention
+def test_kernels_match_the_torch_decode_path(dtype, num_tokens, num_heads, num_kv_heads, head_dim, length, block_size):
+    from chorus.talker.models.decode_kernels import decode_attention, qk_norm_rope_store
 
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
@@ -75,10 +67,8 @@ def test_kernel_matches_the_torch_decode_path(dtype, num_tokens, num_heads, num_
     attention = _attention(config, dtype)
     batch = 5
     first = torch.randint(0, length - num_tokens + 1, (batch, 1), device=DEVICE)
-    first[0] = 0  # a row at the very start: nothing cached before its tokens
-    first[1] = length - num_tokens  # one at the very end of its cache
-    first[2] = min(block_size - 1, length - num_tokens)  # one at a block's last position (2 tokens: across blocks)
-    first[3] = min(block_size, length - num_tokens)  # one whose cached positions fill whole blocks
+    first[0] = 0  # a row at the very start
+    first[1] = length - num_tokens  # and one at the very end of its cache
     positions = (first + torch.arange(num_tokens, device=DEVICE)).contiguous()
     x = torch.randn(batch, num_tokens, config.hidden_size, device=DEVICE, dtype=dtype)
     cache = torch.randn(2, batch, num_kv_heads, length, head_dim, device=DEVICE, dtype=dtype)
@@ -91,7 +81,7 @@ def test_kernel_matches_the_torch_decode_path(dtype, num_tokens, num_heads, num_
         mask = torch.arange(length, device=DEVICE)[None, None, None, :] <= positions[:, None, :, None]
         expected = attention.attend(q, expected_cache, mask)
 
-        attended = qk_norm_rope_attention(
+        queries = qk_norm_rope_store(
             attention.qkv_proj(x),
             attention.q_norm.weight,
             attention.k_norm.weight,
@@ -102,35 +92,29 @@ def test_kernel_matches_the_torch_decode_path(dtype, num_tokens, num_heads, num_
             attention.q_norm.eps,
             attention.rope_theta,
         )
+        attended = decode_attention(queries, pool, table, positions)
     tolerance = TOLERANCES[dtype]
-    torch.testing.assert_close(attended, expected, **tolerance)
-    # The new keys and values sit at each row's positions of its blocks; every other entry is as it was.
-    is_new = torch.zeros(batch, length, dtype=torch.bool, device=DEVICE).scatter_(1, positions, True)
-    by_position, expected_by_position = _unpaged(pool, table).transpose(2, 3), expected_cache.transpose(2, 3)
-    torch.testing.assert_close(by_position[:, is_new], expected_by_position[:, is_new], **tolerance)
-    torch.testing.assert_close(by_position[:, ~is_new], expected_by_position[:, ~is_new], atol=0, rtol=0)
+    torch.testing.assert_close(queries, q.contiguous(), **tolerance)
+    torch.testing.assert_close(_unpaged(pool, table), expected_cache, **tolerance)  # written at each row's position
     owned = torch.zeros(num_blocks, dtype=torch.bool, device=DEVICE)
     owned[table.long().flatten()] = True
-    torch.testing.assert_close(pool[:, ~owned], untouched[:, ~owned], atol=0, rtol=0)
+    torch.testing.assert_close(pool[:, ~owned], untouched[:, ~owned], atol=0, rtol=0)  # and nowhere else
+    torch.testing.assert_close(attended, expected, **tolerance)
 
 
-def test_kernel_reads_cache_rows_of_a_larger_slot_table():
+def test_attention_reads_cache_rows_of_a_larger_slot_cache():
     """The runner passes the first rows of its block table (`table[:rows]`): strided rows must be honoured."""
-    from chorus.talker.models.decode_kernels import qk_norm_rope_attention
+    from chorus.talker.models.decode_kernels import decode_attention
 
     torch.manual_seed(1)
     pool = torch.randn(2, 17, 2, 16, 16, device=DEVICE)
     table = torch.randperm(16, device=DEVICE).add(1).view(8, 2).to(torch.int32)
     view = table[:3]
-    qkv = torch.randn(3, 1, (4 + 2 * 2) * 16, device=DEVICE)
-    norm_weight = torch.ones(16, device=DEVICE)
+    queries = torch.randn(3, 4, 1, 16, device=DEVICE)
     positions = torch.tensor([[5], [31], [0]], device=DEVICE)
-    results = []
-    for block_table in (view, view.contiguous()):
-        cache = pool.clone()
-        attended = qk_norm_rope_attention(qkv, norm_weight, norm_weight, positions, cache, block_table, 4, 1e-6, 1e6)
-        results.append((attended, cache))
-    torch.testing.assert_close(results[0], results[1], atol=0, rtol=0)
+    got = decode_attention(queries, pool, view, positions)
+    contiguous = decode_attention(queries, pool, view.contiguous(), positions)
+    torch.testing.assert_close(got, contiguous, atol=0, rtol=0)
 
 
 def _talker_through_kernels(loaded):

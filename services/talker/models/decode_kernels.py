@@ -1,25 +1,23 @@
-"""Triton kernel for a decode step's attention on CUDA: what lies between a layer's QKV projection and its output
-projection, in one launch instead of eight.
+"""Triton kernels for a decode step's attention on CUDA: what lies between a layer's QKV projection and its output
+projection, in two launches instead of eight.
 
 A decode step is bound by the number of kernels it launches, not by arithmetic: at batch 1 the compiled layer
 spent ~13 µs per layer in q/k norm, rotation, the stack and transpose of keys and values, the cache scatter and the
-three attention kernels. Here `qk_norm_rope_attention` runs one program per (row, key head), which:
+three attention kernels. Here:
 
-- RMS-normalises the row's new query heads of that head group and its new keys (1 or 2 tokens) with their norm
-  weights and rotates them (NeoX halves, angles from each token's position);
-- writes the new keys and values into the row's cache at their positions, for later steps;
-- attends the group's queries over the row's cached positions before its first new token, read from the cache —
-  the cache length is an upper bound, not the work done — and then over the new tokens themselves, causally, from
-  registers. A program never reads what it writes, so nothing orders the two, and it reads only blocks of its own
-  row, which no other row's program writes (block tables hand each row blocks of its own).
+- `qk_norm_rope_store`: one program per (row, token, head) RMS-normalises query and key heads with their norm
+  weights, rotates them (NeoX halves, angles from the row's position) and writes keys and values straight into the
+  row's cache at that position; queries come back in `[B, heads, T, D]`.
+- `decode_attention`: one program per (row, key head) attends the few queries of that head group (1 or 2 tokens
+  per row) over the row's cached keys, reading only positions up to the row's own — the cache length is an upper
+  bound, not the work done.
 
 The cache is paged: `[2, blocks, kv_heads, block_size, D]`, and a row's position p lives in block
 `block_table[row, p // block_size]` at offset `p % block_size`, so streams share one pool of blocks instead of each
 holding the longest request's worth. A cache of one block per row (`block_table[row] = [row]`) is the unpaged case.
 
-It computes in fp32 and rounds where the compiled PyTorch path rounds (normalised values and cos/sin to the
-activation dtype before scaling; rotated queries and keys to it before the products), so replacing that path
-changes results only at bf16 rounding level.
+Both compute in fp32 and round where the compiled PyTorch path rounds (normalised values and cos/sin to the
+activation dtype before scaling), so replacing it changes results only at bf16 rounding level.
 """
 
 from __future__ import annotations
@@ -31,147 +29,85 @@ import triton
 import triton.language as tl
 
 MAX_DECODE_TOKENS = 2  # the code predictor's first step feeds 2 tokens; every other decode step 1
-_TILE = 16  # query rows (group members × tokens) and new-key rows, padded to the smallest tensor-core tile
 
 
 def supports(head_dim: int, num_heads: int, num_kv_heads: int, dtype: torch.dtype) -> bool:
-    """Whether the kernel covers a layer of this shape (tensor-core tiles need a power-of-two head_dim ≥ 16)."""
+    """Whether these kernels cover a layer of this shape (tensor-core tiles need a power-of-two head_dim ≥ 16)."""
     group = num_heads // num_kv_heads
     is_power_of_two = head_dim & (head_dim - 1) == 0
-    return is_power_of_two and head_dim >= 16 and group * MAX_DECODE_TOKENS <= _TILE and dtype in _DOT_PRECISION
+    return is_power_of_two and head_dim >= 16 and group * MAX_DECODE_TOKENS <= 16 and dtype in _DOT_PRECISION
 
 
 _DOT_PRECISION = {torch.bfloat16: "tf32", torch.float16: "tf32", torch.float32: "ieee"}
 
 
 @triton.jit
-def _normed_rotated(qkv_ptr, offsets, is_valid, norm_ptr, position, eps, log2_theta, HEAD_DIM: tl.constexpr):
-    """Heads `[rows, D]` at `qkv_ptr + offsets [rows]` (rows not `is_valid`: zeros) RMS-normalised in fp32, rounded
-    to the activation dtype, scaled by the norm weight at `norm_ptr`, then rotated by `position [rows]`."""
-    dims = tl.arange(0, HEAD_DIM)
-    half = HEAD_DIM // 2
-    partner = (dims + half) % HEAD_DIM
-    dtype = qkv_ptr.dtype.element_ty
-    x = tl.load(qkv_ptr + offsets[:, None] + dims[None, :], mask=is_valid[:, None], other=0.0).to(tl.float32)
-    x_partner = tl.load(qkv_ptr + offsets[:, None] + partner[None, :], mask=is_valid[:, None], other=0.0)
-    inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
-    weight = tl.load(norm_ptr + dims).to(tl.float32)[None, :]
-    weight_partner = tl.load(norm_ptr + partner).to(tl.float32)[None, :]
-    normed = (x * inv_rms).to(dtype).to(tl.float32) * weight
-    normed_partner = (x_partner.to(tl.float32) * inv_rms).to(dtype).to(tl.float32) * weight_partner
-    # NeoX rotation: the first half pairs with the second; angle_i = position · theta^(-2 (i mod half) / D).
-    inv_freq = tl.exp2(-((dims % half) * 2).to(tl.float32) / HEAD_DIM * log2_theta)
-    angle = position.to(tl.float32)[:, None] * inv_freq[None, :]
-    cos = tl.cos(angle).to(dtype).to(tl.float32)
-    sin = tl.sin(angle).to(dtype).to(tl.float32)
-    return (normed * cos + tl.where(dims[None, :] < half, -normed_partner, normed_partner) * sin).to(dtype)
-
-
-@triton.jit
-def _attend(q, k, v, is_visible, running_max, running_sum, acc, scale, PRECISION: tl.constexpr):
-    """Online softmax: the running (max, sum, output) of queries `q [Q, D]` after keys `k [K, D]` with values
-    `v [K, D]`, where `is_visible` (broadcast to `[Q, K]`); every query must have seen a key by the end."""
-    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-    scores = tl.where(is_visible, scores, float("-inf"))
-    new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-    weights = tl.exp(scores - new_max[:, None])
-    correction = tl.exp(running_max - new_max)
-    running_sum = running_sum * correction + tl.sum(weights, axis=1)
-    acc = acc * correction[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
-    return new_max, running_sum, acc
-
-
-@triton.jit
-def _qk_norm_rope_attention_kernel(
+def _qk_norm_rope_store_kernel(
     qkv_ptr,
     q_norm_ptr,
     k_norm_ptr,
     positions_ptr,
+    q_out_ptr,
     cache_ptr,
     table_ptr,
-    out_ptr,
     stride_qkv_row,
     stride_qkv_token,
+    stride_q_row,
+    stride_q_head,
+    stride_q_token,
     stride_cache_kv,
     stride_cache_block,
     stride_cache_head,
     stride_cache_position,
     stride_table_row,
-    stride_out_row,
-    stride_out_token,
     num_tokens,
     eps,
     log2_theta,
-    scale,
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    TILE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    PRECISION: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    row_token = tl.program_id(0)
+    head = tl.program_id(1)
+    row = row_token // num_tokens
+    token = row_token % num_tokens
     dims = tl.arange(0, HEAD_DIM)
-    row_positions = positions_ptr + row * num_tokens
-    row_qkv = row * stride_qkv_row
-
-    # 1. Query rows of this key head: (group member g, token t) → g · T + t, padded to a tile. Padding rows keep a
-    #    real token (t < T), so their position is real too and no query row ever sees no key.
-    query = tl.arange(0, TILE)
-    is_query = query < GROUP * num_tokens
-    token = query % num_tokens
-    head = kv_head * GROUP + query // num_tokens
-    query_position = tl.load(row_positions + token)
-    q_offsets = row_qkv + token * stride_qkv_token + head * HEAD_DIM
-    q = _normed_rotated(qkv_ptr, q_offsets, is_query, q_norm_ptr, query_position, eps, log2_theta, HEAD_DIM)
-
-    # 2. The new keys and values (rows t < T of a tile) into the cache at their positions.
-    new = tl.arange(0, TILE)
-    is_new = new < num_tokens
-    new_position = tl.load(row_positions + new, mask=is_new, other=0)
-    new_offsets = row_qkv + new * stride_qkv_token
-    k_offsets = new_offsets + (NUM_HEADS + kv_head) * HEAD_DIM
-    k_new = _normed_rotated(qkv_ptr, k_offsets, is_new, k_norm_ptr, new_position, eps, log2_theta, HEAD_DIM)
-    v_offsets = new_offsets + (NUM_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM
-    v_new = tl.load(qkv_ptr + v_offsets[:, None] + dims[None, :], mask=is_new[:, None], other=0.0)
-    new_block = tl.load(table_ptr + row * stride_table_row + new_position // BLOCK_SIZE, mask=is_new, other=0)
-    slots = (
-        new_block.to(tl.int64) * stride_cache_block
-        + kv_head * stride_cache_head
-        + (new_position % BLOCK_SIZE) * stride_cache_position
-    )
-    tl.store(cache_ptr + slots[:, None] + dims[None, :], k_new, mask=is_new[:, None])
-    tl.store(cache_ptr + stride_cache_kv + slots[:, None] + dims[None, :], v_new, mask=is_new[:, None])
-
-    # 3. Attention over the cached positions before the row's first new token, block by block (none for a row
-    #    at position 0, whose first block then holds nothing yet) ...
-    running_max = tl.full([TILE], float("-inf"), tl.float32)
-    running_sum = tl.zeros([TILE], tl.float32)
-    acc = tl.zeros([TILE, HEAD_DIM], tl.float32)
-    first_position = tl.load(row_positions)
-    offset = tl.arange(0, BLOCK_SIZE)
-    cache_offsets = offset[:, None] * stride_cache_position + dims[None, :]
-    for start in range(0, first_position, BLOCK_SIZE):
-        block = tl.load(table_ptr + row * stride_table_row + start // BLOCK_SIZE).to(tl.int64)
-        keys_ptr = cache_ptr + block * stride_cache_block + kv_head * stride_cache_head
-        is_cached = start + offset < first_position
-        k = tl.load(keys_ptr + cache_offsets, mask=is_cached[:, None], other=0.0)
-        v = tl.load(keys_ptr + stride_cache_kv + cache_offsets, mask=is_cached[:, None], other=0.0)
-        running_max, running_sum, acc = _attend(
-            q, k, v, is_cached[None, :], running_max, running_sum, acc, scale, PRECISION
-        )
-    # ... then over the new tokens, from registers: each query sees those at positions up to its own.
-    is_visible = is_new[None, :] & (new_position[None, :] <= query_position[:, None])
-    _, running_sum, acc = _attend(q, k_new, v_new, is_visible, running_max, running_sum, acc, scale, PRECISION)
-
-    out = acc / running_sum[:, None]
-    out_offsets = row * stride_out_row + token * stride_out_token + head * HEAD_DIM
-    tl.store(out_ptr + out_offsets[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=is_query[:, None])
+    half = HEAD_DIM // 2
+    source = qkv_ptr + row * stride_qkv_row + token * stride_qkv_token + head * HEAD_DIM
+    x = tl.load(source + dims)
+    position = tl.load(positions_ptr + row_token)
+    block = tl.load(table_ptr + row * stride_table_row + position // BLOCK_SIZE).to(tl.int64)
+    slot = cache_ptr + block * stride_cache_block + (position % BLOCK_SIZE) * stride_cache_position
+    dtype = qkv_ptr.dtype.element_ty
+    if head >= NUM_HEADS + NUM_KV_HEADS:  # a value head: stored as it is
+        target = slot + stride_cache_kv
+        tl.store(target + (head - NUM_HEADS - NUM_KV_HEADS) * stride_cache_head + dims, x)
+    else:
+        # RMS norm in fp32, rounded to the activation dtype, then scaled by the head's norm weight.
+        partner = (dims + half) % HEAD_DIM
+        x_partner = tl.load(source + partner).to(tl.float32)
+        x_fp32 = x.to(tl.float32)
+        inv_rms = tl.rsqrt(tl.sum(x_fp32 * x_fp32, axis=0) / HEAD_DIM + eps)
+        is_query = head < NUM_HEADS
+        weight = tl.where(is_query, tl.load(q_norm_ptr + dims), tl.load(k_norm_ptr + dims)).to(tl.float32)
+        weight_partner = tl.where(is_query, tl.load(q_norm_ptr + partner), tl.load(k_norm_ptr + partner))
+        normed = (x_fp32 * inv_rms).to(dtype).to(tl.float32) * weight
+        normed_partner = (x_partner * inv_rms).to(dtype).to(tl.float32) * weight_partner.to(tl.float32)
+        # NeoX rotation: the first half pairs with the second; angle_i = position · theta^(-2 (i mod half) / D).
+        inv_freq = tl.exp2(-((dims % half) * 2).to(tl.float32) / HEAD_DIM * log2_theta)
+        angle = position.to(tl.float32) * inv_freq
+        cos = tl.cos(angle).to(dtype).to(tl.float32)
+        sin = tl.sin(angle).to(dtype).to(tl.float32)
+        rotated = (normed * cos + tl.where(dims < half, -normed_partner, normed_partner) * sin).to(dtype)
+        if is_query:
+            target = q_out_ptr + row * stride_q_row + head * stride_q_head + token * stride_q_token
+            tl.store(target + dims, rotated)
+        else:
+            tl.store(slot + (head - NUM_HEADS) * stride_cache_head + dims, rotated)
 
 
-def qk_norm_rope_attention(
+def qk_norm_rope_store(
     qkv: torch.Tensor,
     q_norm_weight: torch.Tensor,
     k_norm_weight: torch.Tensor,
@@ -182,39 +118,134 @@ def qk_norm_rope_attention(
     eps: float,
     rope_theta: float,
 ) -> torch.Tensor:
-    """Attention output `[B, T, heads * D]` of `qkv [B, T, (heads + 2 kv_heads) D]` at `positions [B, T]`:
-    queries and keys normalised and rotated, each query attending the keys at positions ≤ its own. The new keys and
-    values go into the paged `kv_cache [2, blocks, kv_heads, block_size, D]` at their positions of each row's blocks
-    (`block_table [B, blocks per row]`); what lies before a row's first position `positions[:, 0]` is read from it,
-    so a row's T tokens must sit at consecutive positions."""
+    """Rotated, normalised queries `[B, heads, T, D]` of `qkv [B, T, (heads + 2 kv_heads) D]`; keys and values
+    go into the paged `kv_cache [2, blocks, kv_heads, block_size, D]` at `positions [B, T]` of each row's blocks
+    (`block_table [B, blocks per row]`)."""
     batch, num_tokens, _ = qkv.shape
     _, _, num_kv_heads, block_size, head_dim = kv_cache.shape
     assert qkv.stride(2) == 1 and kv_cache.stride(4) == 1 and positions.is_contiguous() and block_table.stride(1) == 1
-    assert num_heads // num_kv_heads * num_tokens <= _TILE
-    out = qkv.new_empty(batch, num_tokens, num_heads * head_dim)
-    _qk_norm_rope_attention_kernel[(batch, num_kv_heads)](
+    queries = qkv.new_empty(batch, num_heads, num_tokens, head_dim)
+    grid = (batch * num_tokens, num_heads + 2 * num_kv_heads)
+    _qk_norm_rope_store_kernel[grid](
         qkv,
         q_norm_weight,
         k_norm_weight,
         positions,
+        queries,
         kv_cache,
         block_table,
-        out,
         *qkv.stride()[:2],
+        *queries.stride()[:3],
+        *kv_cache.stride()[:4],
+        block_table.stride(0),
+        num_tokens,
+        eps,
+        math.log2(rope_theta),
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        num_warps=1,
+    )
+    return queries
+
+
+@triton.jit
+def _decode_attention_kernel(
+    q_ptr,
+    cache_ptr,
+    table_ptr,
+    positions_ptr,
+    out_ptr,
+    stride_q_row,
+    stride_q_head,
+    stride_q_token,
+    stride_cache_kv,
+    stride_cache_block,
+    stride_cache_head,
+    stride_cache_position,
+    stride_table_row,
+    stride_out_row,
+    stride_out_token,
+    num_tokens,
+    scale,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_QUERIES: tl.constexpr,
+    NUM_BLOCKS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    # Query rows of this key head: (group member g, token t) → g * T + t; padded to a tensor-core tile.
+    query = tl.arange(0, BLOCK_QUERIES)
+    is_query = query < GROUP * num_tokens
+    member = query // num_tokens
+    token = query % num_tokens
+    head = kv_head * GROUP + member
+    dims = tl.arange(0, HEAD_DIM)
+    q_offsets = row * stride_q_row + head * stride_q_head + token * stride_q_token
+    q = tl.load(q_ptr + q_offsets[:, None] + dims[None, :], mask=is_query[:, None], other=0.0)
+    query_position = tl.load(positions_ptr + row * num_tokens + token, mask=is_query, other=0)
+    last_position = tl.max(query_position, axis=0)
+    running_max = tl.full([BLOCK_QUERIES], float("-inf"), tl.float32)
+    running_sum = tl.zeros([BLOCK_QUERIES], tl.float32)
+    acc = tl.zeros([BLOCK_QUERIES, HEAD_DIM], tl.float32)
+    for index in range(0, NUM_BLOCKS):
+        start = index * BLOCK_SIZE
+        if start <= last_position:  # blocks past every query's position are skipped, not read
+            block = tl.load(table_ptr + row * stride_table_row + index).to(tl.int64)
+            keys_ptr = cache_ptr + block * stride_cache_block + kv_head * stride_cache_head
+            values_ptr = keys_ptr + stride_cache_kv
+            offset = tl.arange(0, BLOCK_SIZE)
+            key = start + offset
+            is_written = key <= last_position
+            offsets = offset[:, None] * stride_cache_position + dims[None, :]
+            k = tl.load(keys_ptr + offsets, mask=is_written[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            scores = tl.where(key[None, :] <= query_position[:, None], scores, float("-inf"))
+            new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+            weights = tl.exp(scores - new_max[:, None])
+            correction = tl.exp(running_max - new_max)
+            running_sum = running_sum * correction + tl.sum(weights, axis=1)
+            v = tl.load(values_ptr + offsets, mask=is_written[:, None], other=0.0)
+            acc = acc * correction[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
+            running_max = new_max
+    out = acc / running_sum[:, None]
+    out_offsets = row * stride_out_row + token * stride_out_token + head * HEAD_DIM
+    tl.store(out_ptr + out_offsets[:, None] + dims[None, :], out.to(q.dtype), mask=is_query[:, None])
+
+
+def decode_attention(
+    queries: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """Attention output `[B, T, heads * D]` of `queries [B, heads, T, D]` over the paged `kv_cache [2, blocks,
+    kv_heads, block_size, D]` (row i's blocks: `block_table[i]`): each query attends the keys at positions ≤ its own
+    (`positions [B, T]`)."""
+    batch, num_heads, num_tokens, head_dim = queries.shape
+    _, _, num_kv_heads, block_size, _ = kv_cache.shape
+    group = num_heads // num_kv_heads
+    assert block_table.stride(1) == 1
+    out = queries.new_empty(batch, num_tokens, num_heads * head_dim)
+    _decode_attention_kernel[(batch, num_kv_heads)](
+        queries,
+        kv_cache,
+        block_table,
+        positions,
+        out,
+        *queries.stride()[:3],
         *kv_cache.stride()[:4],
         block_table.stride(0),
         *out.stride()[:2],
         num_tokens,
-        eps,
-        math.log2(rope_theta),
         head_dim**-0.5,
-        NUM_HEADS=num_heads,
-        NUM_KV_HEADS=num_kv_heads,
-        GROUP=num_heads // num_kv_heads,
+        GROUP=group,
         HEAD_DIM=head_dim,
-        TILE=_TILE,
+        BLOCK_QUERIES=16,
+        NUM_BLOCKS=block_table.shape[1],
         BLOCK_SIZE=block_size,
-        PRECISION=_DOT_PRECISION[qkv.dtype],
+        PRECISION=_DOT_PRECISION[queries.dtype],
         num_warps=4,
     )
     return out

@@ -173,8 +173,8 @@ class Qwen3DecoderLayer(nn.Module):
 
     def forward(self, x, normed, positions, kv_cache, attend_mask, next_norm_weight, block_table=None):
         """`x`: the residual stream `[B, T, H]`; `normed`: it after this layer's input norm. Returns both for the
-        next layer (see `output_and_mlp`). `attend_mask` None: a decode step through the Triton decode kernel, over
-        the paged `kv_cache` whose rows' blocks `block_table` lists."""
+        next layer (see `output_and_mlp`). `attend_mask` None: a decode step through the Triton kernels, over the
+        paged `kv_cache` whose rows' blocks `block_table` lists."""
         if attend_mask is None:
             return self._decode(x, normed, positions, kv_cache, block_table, next_norm_weight)
         # The cache write sits between two cache-free halves: `optimize_for_decode` compiles the halves and the
@@ -184,10 +184,10 @@ class Qwen3DecoderLayer(nn.Module):
         return self.attention_and_mlp(x, q, kv_cache[:, :, :, : attend_mask.shape[-1]], attend_mask, next_norm_weight)
 
     def _decode(self, x, normed, positions, kv_cache, block_table, next_norm_weight):
-        """`forward` for a decode step on CUDA: projection, then one Triton kernel (norm, rotation, cache write and
-        attention over the row's positions), then the compiled output half."""
-        attention = self.self_attn
-        attended = self.decode_kernels.qk_norm_rope_attention(
+        """`forward` for a decode step on CUDA: projection, then the two Triton kernels (norm, rotation and cache
+        write; attention over the written positions), then the compiled output half."""
+        attention, kernels = self.self_attn, self.decode_kernels
+        queries = kernels.qk_norm_rope_store(
             attention.qkv_proj(normed),
             attention.q_norm.weight,
             attention.k_norm.weight,
@@ -198,6 +198,7 @@ class Qwen3DecoderLayer(nn.Module):
             attention.q_norm.eps,
             attention.rope_theta,
         )
+        attended = kernels.decode_attention(queries, kv_cache, block_table, positions)
         return self.decode_output_and_mlp(x, attended, next_norm_weight)
 
 
@@ -224,7 +225,7 @@ class Qwen3DecoderStack(nn.Module):
 
         `kv_caches[i]`: `[2, B, num_kv_heads, max_positions, head_dim]` (a view of the caller's cache rows). Keys at
         positions `< attended_length` are attended (causally); it must exceed every position. Decode steps through
-        the Triton kernel (`uses_kernels`) take paged caches instead, `[2, blocks, num_kv_heads, block_size,
+        the Triton kernels (`uses_kernels`) take paged caches instead, `[2, blocks, num_kv_heads, block_size,
         head_dim]` with `block_table [B, blocks per row]`, and attend each row's written positions whatever
         `attended_length` says.
         """
