@@ -247,8 +247,8 @@ class Qwen3DecoderStack(nn.Module):
         """Fuse projections and `torch.compile` what decode steps run (CUDA serving). Fusing element-wise work
         turns ~70 small kernels per layer into ~10, which is what bounds a decode step at small batch.
 
-        The halves of the shared path (prefills, and decode steps where the Triton kernel of `decode_kernels` does
-        not apply) are compiled; with the kernel, decode steps take their own path, whose output half is compiled
+        The halves of the shared path (prefills, and decode steps where the Triton kernels of `decode_kernels` do
+        not apply) are compiled; with the kernels, decode steps take their own path, whose output half is compiled
         on its own. Both replay as CUDA graphs, where kernel count is all that matters: a call into code compiled
         for dynamic shapes costs the host 0.3–0.8 ms, which a replay does not pay (an eager prefill, past the
         runner's padded buckets, pays it, as it would pay ~50 kernel launches per layer uncompiled). Layers share
