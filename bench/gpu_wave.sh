@@ -67,12 +67,12 @@ start_stack() {  # chorus up [flags]: in the background until this script exits;
   "${cli[@]}" up "$@" >"$logs/up.log" 2>&1 &  # not through the function: $! must be chorus up itself, to stop it
   stack=$!
   trap 'kill $stack 2>/dev/null; wait $stack 2>/dev/null; cp "$logs"/up.log "$out"/ 2>/dev/null || true' EXIT
-  for _ in $(seq 300); do
+  for _ in $(seq 420); do
     curl -sf http://127.0.0.1:8000/ready >/dev/null && { echo "stack ready after ${SECONDS} s" >&2; return; }
     kill -0 $stack 2>/dev/null || { tail -50 "$logs/up.log" >&2; exit 1; }
     sleep 1
   done
-  echo "stack not ready after 300 s" >&2; tail -50 "$logs/up.log" >&2; exit 1
+  echo "stack not ready after 420 s" >&2; tail -50 "$logs/up.log" >&2; exit 1
 }
 
 bench_tts() {
