@@ -64,7 +64,7 @@ start_stack() {  # chorus up [flags]: in the background until this script exits;
   if curl -sf http://127.0.0.1:8000/ready >/dev/null; then
     echo "a stack already answers on port 8000: stop it first (its figures would be taken for this one's)" >&2; exit 1
   fi
-  "${cli[@]}" up "$@" >"$logs/up.log" 2>&1 &  # not through the function: $! must be chorus up itself, to stop it
+  "${cli[@]}" up --timeout-s 420 "$@" >"$logs/up.log" 2>&1 &  # not through the function: $! must be chorus up itself, to stop it
   stack=$!
   trap 'kill $stack 2>/dev/null; wait $stack 2>/dev/null; cp "$logs"/up.log "$out"/ 2>/dev/null || true' EXIT
   for _ in $(seq 420); do
