@@ -7,7 +7,8 @@ the request plus the frames so far (`prefix_frames`) and continues with the fram
 would have made (sampling is a function of seed and frame index); when a vocoder replica fails, another one
 is primed with the frames whose audio was already yielded (`context_codes`) and decodes the rest, so the
 audio has no gap and no repeat (see `failover`). Both upstream calls belong to the segment: when the
-consumer stops (client gone, cancel, an error elsewhere) both are cancelled before this generator returns.
+consumer stops (client gone, cancel, an error elsewhere) both are cancelled, and the tasks feeding them ended,
+before this generator returns.
 
 Written against the contracts in protos/chorus/v1/{talker,vocoder}.proto.
 """
@@ -148,8 +149,11 @@ class SegmentPipeline:
         except grpc.aio.AioRpcError as exc:
             _raise_for(exc, "talker")
         finally:
-            writer.cancel()
             call.cancel()
+            # The writer ends with the stream: one left behind would still read the client's text deltas while a
+            # fail-over's writer replays them, or after the segment ended.
+            with contextlib.suppress(Exception):  # what ended the stream is raised already
+                await cancel_and_join(writer, "text writer")
 
     async def _write_text(self, call, request: talker_pb2.SynthesisRequest) -> None:
         await call.write(talker_pb2.SynthesizeInput(request=request))

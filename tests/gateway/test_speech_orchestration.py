@@ -168,6 +168,30 @@ async def test_a_cancel_while_a_failed_vocoder_stream_stops_its_sender_is_not_sw
     assert await ended_cancelled(frames.consumer), "before the fix the stream swallowed it, and the segment failed over"
 
 
+async def test_the_text_writer_ends_with_the_segment(backends):
+    talker, _, (talker_stub, vocoder_stub) = backends
+    talker.gate = asyncio.Event()  # the talker holds after its first chunk
+    client_typing = asyncio.Event()
+
+    async def deltas():
+        yield " and more"
+        client_typing.set()
+        try:
+            await asyncio.Event().wait()  # the client types on
+        finally:
+            await asyncio.sleep(0.1)  # a text source takes a moment to close (a client stream's own cleanup)
+
+    text = request("A long sentence that keeps going.")
+    text.streaming_text = True
+    stream = synthesize_segment(FixedReplicas(talker_stub, vocoder_stub), text, text_deltas=deltas())
+    async with asyncio.timeout(5):
+        await anext(stream)
+        await client_typing.wait()
+        await stream.aclose()  # the client went away
+    writers = [task for task in asyncio.all_tasks() if task.get_name() == "text-r.0" and not task.done()]
+    assert writers == [], "before the fix the writer was cancelled, not awaited: it outlived the segment"
+
+
 async def test_run_journals_segments_in_order_and_finishes_done(backends, state):
     talker, _, (talker_stub, vocoder_stub) = backends
     talker.delay_s = 0.002
