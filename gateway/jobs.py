@@ -2,8 +2,9 @@
 
 A request is admitted first (429 beyond the backend's queue), then its idempotency key is
 claimed (a retry with the same key gets the earlier request, not a second generation), then its
-record is created and its run started on this replica. Anyone may follow it from any replica:
-progress through the record, audio through the output journal (in memory on the run's replica).
+record is created and its run started on this replica (handed unstarted to another one if this process began
+draining meanwhile). Anyone may follow it from any replica: progress through the record, audio through the
+output journal (in memory on the run's replica).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from chorus.v1 import diffusion_pb2, talker_pb2
 PROGRESS_POLL_INTERVAL_S = 0.1
 IDEMPOTENCY_TTL_S = 86_400
 DIFFUSION_MODEL = "stable-audio-open-1.0"  # what /v1/models lists for the diffusion service
+DRAINING = "this gateway process is shutting down; retry (another process takes new requests)"
 
 
 async def _admit(
@@ -47,7 +49,7 @@ async def _admit(
     if idempotency_key and (earlier_id := await ctx.requests.idempotent_request(owner, idempotency_key)):
         return await ctx.requests.get(earlier_id)
     if ctx.broker.is_draining:
-        raise Unavailable("this gateway process is shutting down; retry (another process takes new requests)")
+        raise Unavailable(DRAINING)
     ctx.require_backends(*kinds)
     slot = contextlib.AsyncExitStack()
     await slot.enter_async_context(ctx.admission.enter(*kinds))
@@ -68,6 +70,8 @@ async def _start(
     """Creates the request's record and its run in one step and starts the run here; with an
     `idempotency_key` a concurrent twin claimed meanwhile, the twin's request instead."""
     try:
+        if text_deltas is not None and ctx.broker.is_draining:  # its text streams in here: no other process can run it
+            raise Unavailable(DRAINING)
         record, fields = ctx.requests.new_record(
             owner=owner, request_id=request_id, runner=ctx.broker.runner, **record_fields
         )
@@ -80,7 +84,8 @@ async def _start(
     if not is_new:
         await slot.aclose()
         return await ctx.requests.get(value)
-    ctx.broker.start_run(build_run(ctx, request_id, spec, text_deltas=text_deltas), value, slot, is_detachable)
+    # Handed to the other processes unstarted if the drain began while it waited for its slot.
+    await ctx.broker.start_run(build_run(ctx, request_id, spec, text_deltas=text_deltas), value, slot, is_detachable)
     return record
 
 

@@ -8,6 +8,7 @@ was presumed dead while stopped, and another process took it) is stopped here wi
 (`hand_over`) the process stops its runs' production, marks their entries free for the taking, and its
 readers follow the runs' journals while other processes continue them. A drain first lets the loop's tick
 under way end, claiming and starting nothing more: an XAUTOCLAIM after the release would take the runs back.
+A request admitted once the drain began (it waited for its admission slot meanwhile) is handed over unstarted.
 """
 
 from __future__ import annotations
@@ -43,10 +44,20 @@ class RunBroker:
     def runner(self) -> str:
         return self.queue.consumer
 
-    def start_run(
+    async def start_run(
         self, run: JournaledRun, entry_id: str, slot: contextlib.AsyncExitStack | None, is_detachable: bool
     ) -> None:
-        """Starts `run`, admitted as this process's (`RunQueue.admit`); its entry is done when it ends here."""
+        """Starts `run`, admitted as this process's (`RunQueue.admit`); its entry is done when it ends here. Once
+        the drain began, hands it to the other processes instead: the hand-over may have listed the runs already,
+        and nobody here would renew its lease."""
+        if self.is_draining:
+            try:
+                await self.queue.release([entry_id])
+            finally:
+                if slot is not None:
+                    await slot.aclose()
+            log.info("request %s: admitted while draining; handed to the other gateway processes", run.request_id)
+            return
         run.entry_id = entry_id
         self._start(run, slot, is_detachable)
 

@@ -1,5 +1,6 @@
 """The run broker: it stops when its loop's Redis command drops the close's cancel (Python 3.11's `wait_for`),
-and a drain leaves no run claimed or started by the tick under way (against a real redis-server)."""
+and a drain leaves no run claimed or started by the tick under way, nor started by a request admitted meanwhile
+(against a real redis-server)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ import asyncio
 import time
 import uuid
 
+from grpc import aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from chorus.gateway.jobs import DIFFUSION_MODEL, start_generation
 from chorus.gateway.run_broker import RunBroker
 from chorus.gateway.runner import RunRegistry
+from chorus.gateway.schemas import GenerationRequest
 from chorus.gateway.state.connection import open_redis
 from chorus.gateway.state.requests import RequestStore
 from chorus.gateway.state.runs import RunEntry, RunQueue
@@ -90,3 +96,31 @@ async def test_a_tick_under_way_when_the_drain_begins_claims_and_starts_nothing(
         await broker.close()
         await broker.runs.close()
         await client.aclose()
+
+
+async def test_a_request_that_waited_for_its_slot_past_the_drain_goes_to_the_other_processes(start_gateway, redis_url):
+    backend, health_servicer = aio.server(), health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, backend)
+    target = (f"127.0.0.1:{backend.add_insecure_port('127.0.0.1:0')}",)  # a healthy diffusion backend, as far as seen
+    await backend.start()
+    await health_servicer.set("chorus.v1.Diffusion", health_pb2.HealthCheckResponse.SERVING)
+    config = dict(health_interval_s=0.1, diffusion_targets=target, diffusion_max_in_flight=1)
+    try:
+        async with start_gateway(redis_url, **config) as (gateway, _, _), asyncio.timeout(10):
+            ctx = gateway.context
+            while not any(replica.is_healthy for replica in ctx.backends.replicas["diffusion"]):
+                await asyncio.sleep(0.05)
+            body = GenerationRequest(model=DIFFUSION_MODEL, prompt="rain on a tin roof")
+            async with ctx.admission.enter("diffusion"):  # the one slot is busy: the request waits for it
+                admitting = asyncio.create_task(start_generation(ctx, body, "", None, is_detachable=False))
+                while ctx.admission.backends["diffusion"].queue_depth == 0:
+                    await asyncio.sleep(0.01)
+                await gateway.drain()  # SIGTERM's hand-over: this process's runs are listed and released
+            record = await admitting
+            other = RunQueue(ctx.broker.queue.client, "other", ctx.broker.queue.lease_s, ctx.config.run_queue)
+            # Before the fix its run started here after the hand-over, its lease renewed by nobody: the other
+            # processes took it only once the lease lapsed.
+            assert [entry.request_id for entry in await other.reclaim()] == [record.request_id]
+            assert not ctx.runs.is_running(record.request_id)
+    finally:
+        await backend.stop(None)
