@@ -1,9 +1,10 @@
 """The vocoder engine: many decode streams, their chunk decodes batched into one forward on a runner thread.
 
 The asyncio side only enqueues and consumes: `DecodeStream.send` queues frames, the engine task groups the
-pending chunks of all streams by length into batches (after a short window), runs each batch off the event
-loop, and hands the audio to each stream's bounded output. A stream's decoder state is freed as soon as it
-finishes, is closed (cancelled) or goes idle past the timeout (abandoned).
+pending chunks of all streams by length into batches (after a short window; chunks of streams well ahead of their
+listeners wait for a sweep that decodes them together), runs each batch off the event loop, and hands the audio
+to each stream's bounded output. A stream's decoder state is freed as soon as it finishes, is closed (cancelled)
+or goes idle past the timeout (abandoned).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from chorus.vocoder.models.codec_encoder import CodecEncoder
 class EngineSettings:
     max_batch_size: int = 64
     batch_window_s: float = 0.002  # wait this long after new work so concurrent chunks share a forward
-    # A stream at least `ahead_lead_s` of audio ahead of its listener is not urgent: its chunks wait for the next
-    # sweep, every `sweep_interval_s`, which decodes every such stream's pending frames together. Out of step with
-    # each other, streams past their first chunks would otherwise decode a few at a time. 0: no sweeps.
+    # A stream at least `ahead_lead_s` of audio ahead of its listener is not urgent: its chunks wait for a sweep, due
+    # `sweep_interval_s` after the first chunk left waiting, which decodes every waiting stream together. Out of step
+    # with each other, streams past their first chunks would otherwise decode a few at a time. 0: no sweeps.
     sweep_interval_s: float = 0.05
     ahead_lead_s: float = 1.0
     max_chunk_frames: int = 25  # longer chunks are decoded in pieces (exact: the state carries over)
