@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import grpc
@@ -10,6 +11,7 @@ import grpc
 from chorus.runtime.errors import InvalidRequest, Unavailable
 from chorus.runtime.host import Service
 from chorus.runtime.logs import request_id_var
+from chorus.runtime.tasks import cancel_and_join
 from chorus.v1 import common_pb2, vocoder_pb2, vocoder_pb2_grpc
 from chorus.vocoder import metrics
 from chorus.vocoder.config import VocoderConfig
@@ -83,14 +85,16 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                     chunk = pcm_to_chunk(piece.waveform, sample_rate_hz, sample_format, sequence, piece.sample_offset)
                     yield vocoder_pb2.DecodeOutput(pcm=chunk)
                     sequence += 1
-            except StreamEnded:
-                if feeder.done() and not feeder.cancelled() and feeder.exception() is not None:
+            except BaseException as exc:
+                # The feeder ends with the call: one left behind would still read the client's messages after the
+                # handler returned. What ended the stream is raised, unless a bad message of the feeder ended it.
+                ended_by_feeder = isinstance(exc, StreamEnded) and feeder.done() and not feeder.cancelled()
+                with contextlib.suppress(Exception):
+                    await cancel_and_join(feeder, "decode feeder")
+                if ended_by_feeder and feeder.exception() is not None:
                     raise feeder.exception() from None
                 raise
-            finally:
-                if not feeder.done():
-                    feeder.cancel()
-            await feeder
+            await cancel_and_join(feeder, "decode feeder")  # done after `end_of_input`: raises its error, if any
             num_frames = stream.num_frames_decoded
         total_ms = (time.perf_counter() - admitted) * 1e3
         usage = common_pb2.Usage(

@@ -12,7 +12,8 @@ import torch
 from chorus.runtime.host import ServiceHost
 from chorus.v1 import common_pb2, vocoder_pb2, vocoder_pb2_grpc
 from chorus.vocoder.config import VocoderConfig
-from chorus.vocoder.service import VocoderService
+from chorus.vocoder.engine.engine import StreamEnded
+from chorus.vocoder.service import VocoderService, VocoderServicer
 from chorus.wire import chunk_to_codes, chunk_to_pcm, codes_to_chunk
 
 F32 = common_pb2.SAMPLE_FORMAT_PCM_F32LE
@@ -140,6 +141,76 @@ async def test_a_cancelled_call_frees_its_stream(vocoder, codes):
             break
         await asyncio.sleep(0.01)
     assert service.engine.stats().live_streams == 0
+
+
+@pytest.mark.parametrize("ending", ["client gone", "call cancelled", "stream abandoned"])
+async def test_the_feeder_ends_with_the_call(codes, ending):
+    config = VocoderConfig(device="cpu", metrics_port=-1, max_streams=4, grace_s=1.0, idle_timeout_s=0.2)
+    service = VocoderService(config)
+    host = ServiceHost(config, service)
+    await host.start()
+    source_closed = asyncio.Event()
+
+    async def messages():
+        yield vocoder_pb2.DecodeInput(open=vocoder_pb2.DecodeOpen(request_id=ending, format=F32))
+        yield vocoder_pb2.DecodeInput(chunk=codes_to_chunk(codes[:3], 0, 0))
+        try:
+            await asyncio.Event().wait()  # the client sends no more frames, nor its end
+        finally:
+            await asyncio.sleep(0.1)  # a request stream takes a moment to close
+            source_closed.set()
+
+    outputs = VocoderServicer(service).Decode(messages(), context=None)
+
+    async def consume() -> None:
+        async for _ in outputs:
+            if ending == "client gone":
+                await outputs.aclose()
+                return
+            if ending == "call cancelled":
+                asyncio.current_task().cancel()
+
+    try:
+        call = asyncio.create_task(consume())
+        async with asyncio.timeout(10):
+            await asyncio.wait([call])
+        if ending == "call cancelled":
+            assert call.cancelled()
+        elif ending == "stream abandoned":  # nobody sent nor read for idle_timeout_s: the engine freed it
+            assert isinstance(call.exception(), StreamEnded)
+        else:
+            assert call.result() is None
+        assert source_closed.is_set(), "before the fix the feeder was cancelled, not awaited: it outlived the call"
+    finally:
+        await host.stop()
+
+
+async def test_a_cancel_of_the_call_while_it_stops_its_feeder_is_not_swallowed(codes):
+    config = VocoderConfig(device="cpu", metrics_port=-1, max_streams=4, grace_s=1.0, idle_timeout_s=0.2)
+    service = VocoderService(config)
+    host = ServiceHost(config, service)
+    await host.start()
+    call: asyncio.Task | None = None
+
+    async def messages():
+        yield vocoder_pb2.DecodeInput(open=vocoder_pb2.DecodeOpen(request_id="cancelled-at-the-end", format=F32))
+        yield vocoder_pb2.DecodeInput(chunk=codes_to_chunk(codes[:3], 0, 0))
+        try:
+            await asyncio.Event().wait()  # the client sends no more frames, nor its end
+        except asyncio.CancelledError:
+            call.cancel()  # the client goes away as the call, its stream abandoned, stops the feeder
+            raise
+
+    async def decode() -> list:
+        return [output async for output in VocoderServicer(service).Decode(messages(), context=None)]
+
+    try:
+        call = asyncio.create_task(decode())
+        async with asyncio.timeout(10):
+            await asyncio.wait([call])
+        assert call.cancelled(), "a cancel landing while the feeder stops must not turn into StreamEnded"
+    finally:
+        await host.stop()
 
 
 async def test_encode_returns_codes_and_get_load_reports_slots(vocoder):
