@@ -12,6 +12,7 @@ replaced. Bad requests and full queues are not retried: another replica would an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +22,7 @@ import grpc
 from prometheus_client import Counter
 
 from chorus.runtime.errors import Unavailable
+from chorus.runtime.tasks import cancel_and_join
 from chorus.v1 import common_pb2
 
 log = logging.getLogger("chorus.gateway.failover")
@@ -103,7 +105,8 @@ async def next_message(
 ) -> Message | None:
     """The next message of a replica's stream (None at its end); raises ReplicaFailed once the replica has
     kept it waiting `stall_s` while `is_owed()` (it has work to answer) and then fails a health probe. A
-    `watched` task that fails meanwhile (the stream's writer) raises its error instead."""
+    `watched` task that fails meanwhile (the stream's writer) raises its error instead. The read it started has
+    ended when it returns or raises."""
     if watched is not None and watched.done() and watched.exception() is not None:
         raise watched.exception()
     pending = asyncio.ensure_future(anext(messages, None))
@@ -121,8 +124,11 @@ async def next_message(
             if is_owed() and not await replica.probe(policy.probe_timeout_s):
                 raise ReplicaFailed(f"replica {replica.target} stopped answering (no output for {policy.stall_s:g} s)")
     finally:
+        # The read ends with the wait: one left behind would still be reading the stream while a fail-over moves
+        # it to another replica, or after the caller closed it.
         if not pending.done():
-            pending.cancel()
+            with contextlib.suppress(Exception):  # what ended the wait (a failure, a cancel) is raised already
+                await cancel_and_join(pending, f"read of {replica.target}")
 
 
 class Failovers:
