@@ -17,6 +17,7 @@ import pytest
 from chorus.diffusion.config import DiffusionConfig
 from chorus.diffusion.service import DiffusionService
 from chorus.gateway.audio import StreamingEncoder
+from chorus.gateway.rest import create_app
 from chorus.runtime.host import ServiceHost
 from chorus.v1 import common_pb2, diffusion_pb2, diffusion_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from chorus.wire import chunk_to_pcm
@@ -254,6 +255,32 @@ async def test_client_disconnect_cancels_the_sync_run(stack):
     # Disconnect poll (0.25 s) + reconnect grace (0.4 s) + the service noticing the cancel.
     assert time.monotonic() - started < 2.0
     assert gateway.context.admission.backends["diffusion"].num_in_flight == 0
+
+
+async def test_the_follower_of_a_sync_run_ends_before_a_client_gone_is_answered(stack):
+    gateway, _, _, _ = stack
+    content = json.dumps(body(**LONG_RUN)).encode()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/v1/audio/generations", "raw_path": b"/v1/audio/generations", "root_path": "", "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    messages = iter([{"type": "http.request", "body": content, "more_body": False}])
+    replies = []
+
+    async def receive() -> dict:  # the body, then the client is gone
+        return next(messages, {"type": "http.disconnect"})
+
+    async def send(message: dict) -> None:
+        replies.append(message)
+
+    async with asyncio.timeout(10):
+        await create_app(gateway.context)(scope, receive, send)  # the gateway's own routes, called as uvicorn does
+    assert replies[0]["status"] == 499
+    running = [getattr(task.get_coro(), "__qualname__", "") for task in asyncio.all_tasks() if not task.done()]
+    follower = "create_app.<locals>._output_unless_disconnected.<locals>.collect"
+    assert follower not in running, "before the fix the follower was cancelled, not awaited: it outlived the request"
 
 
 async def test_idempotency_key_returns_the_same_request(stack):
