@@ -12,7 +12,6 @@ replaced. Bad requests and full queues are not retried: another replica would an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -22,7 +21,7 @@ import grpc
 from prometheus_client import Counter
 
 from chorus.runtime.errors import Unavailable
-from chorus.runtime.tasks import cancel_and_join
+from chorus.runtime.tasks import cancel_and_wait
 from chorus.v1 import common_pb2
 
 log = logging.getLogger("chorus.gateway.failover")
@@ -127,8 +126,8 @@ async def next_message(
         # The read ends with the wait: one left behind would still be reading the stream while a fail-over moves
         # it to another replica, or after the caller closed it.
         if not pending.done():
-            with contextlib.suppress(Exception):  # what ended the wait (a failure, a cancel) is raised already
-                await cancel_and_join(pending, f"read of {replica.target}")
+            # Its own error is dropped: what ended the wait (a failure, a cancel) is raised already.
+            await cancel_and_wait([pending], f"read of {replica.target}")
 
 
 class Failovers:

@@ -7,7 +7,6 @@ backend answer 503 while it has no healthy replica.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Literal
@@ -37,7 +36,7 @@ from chorus.gateway.state.journal import JournalEntry
 from chorus.gateway.state.requests import DONE, TERMINAL, RequestRecord
 from chorus.gateway.streaming import as_bytes, as_sse, skip_bytes, sse_event
 from chorus.runtime.metrics import metrics_registry
-from chorus.runtime.tasks import cancel_and_join
+from chorus.runtime.tasks import cancel_and_wait
 
 # The web page (plain HTML, JS modules and CSS; no build step) ships inside the package.
 WEB_DIR = Path(__file__).parent / "web"
@@ -213,8 +212,8 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         finally:
             # The follower ends with the request: one left behind still counts as a reader of the run (keeping a
             # run whose client is gone from being detached) until it notices its cancel.
-            with contextlib.suppress(Exception):  # the client is gone, or what ended the wait is raised already
-                await cancel_and_join(collecting, f"request {request_id} follower")
+            # Its own error is dropped: the client is gone, or what ended the wait is raised already.
+            await cancel_and_wait([collecting], f"request {request_id} follower")
 
     @app.get("/v1/models", tags=["catalog"], responses=OPENAPI_RESPONSES)
     async def list_models(owner: str = Depends(authorize)) -> JSONResponse:

@@ -36,7 +36,7 @@ from chorus.gateway.failover import (
 from chorus.gateway.frame_log import FrameLog
 from chorus.runtime.errors import ChorusError, InvalidRequest, Overloaded, Unavailable
 from chorus.runtime.logs import REQUEST_ID_HEADER
-from chorus.runtime.tasks import cancel_and_join
+from chorus.runtime.tasks import cancel_and_join, cancel_and_wait
 from chorus.v1 import common_pb2, talker_pb2, vocoder_pb2
 
 CODEC_FRAME_RATE_HZ = 12.5  # the Qwen3-TTS 12 Hz codec: sample rate / 12.5 samples per frame
@@ -152,8 +152,7 @@ class SegmentPipeline:
             call.cancel()
             # The writer ends with the stream: one left behind would still read the client's text deltas while a
             # fail-over's writer replays them, or after the segment ended.
-            with contextlib.suppress(Exception):  # what ended the stream is raised already
-                await cancel_and_join(writer, "text writer")
+            await cancel_and_wait([writer], "text writer")  # its error dropped: what ended the stream is raised
 
     async def _write_text(self, call, request: talker_pb2.SynthesisRequest) -> None:
         await call.write(talker_pb2.SynthesizeInput(request=request))
@@ -207,8 +206,7 @@ class SegmentPipeline:
             _raise_for(exc, "vocoder")
         finally:
             call.cancel()
-            with contextlib.suppress(Exception):  # what ended the stream is raised already
-                await cancel_and_join(sender, "vocoder sender")
+            await cancel_and_wait([sender], "vocoder sender")  # its error dropped: what ended the stream is raised
 
     def _vocoder_owes(self) -> bool:
         """Whether the vocoder has work to answer (audio of frames sent, or its Final): silence is then a stall."""

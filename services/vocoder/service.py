@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 import grpc
@@ -11,7 +10,7 @@ import grpc
 from chorus.runtime.errors import InvalidRequest, Unavailable
 from chorus.runtime.host import Service
 from chorus.runtime.logs import request_id_var
-from chorus.runtime.tasks import cancel_and_join
+from chorus.runtime.tasks import cancel_and_join, cancel_and_wait
 from chorus.v1 import common_pb2, vocoder_pb2, vocoder_pb2_grpc
 from chorus.vocoder import metrics
 from chorus.vocoder.config import VocoderConfig
@@ -89,8 +88,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                 # The feeder ends with the call: one left behind would still read the client's messages after the
                 # handler returned. What ended the stream is raised, unless a bad message of the feeder ended it.
                 ended_by_feeder = isinstance(exc, StreamEnded) and feeder.done() and not feeder.cancelled()
-                with contextlib.suppress(Exception):
-                    await cancel_and_join(feeder, "decode feeder")
+                await cancel_and_wait([feeder], "decode feeder")
                 if ended_by_feeder and feeder.exception() is not None:
                     raise feeder.exception() from None
                 raise
