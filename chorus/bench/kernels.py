@@ -1,7 +1,9 @@
-"""`python -m chorus.bench.kernels`: where one talker step and one vocoder chunk spend their GPU time, per kernel.
+"""`python -m chorus.bench.kernels`: where one talker step, one vocoder chunk and one DiT forward spend their GPU
+time, per kernel.
 
 The engines run as they serve (talker: CUDA graphs and the compiled step; vocoder: graph replays of 25-frame
-chunks), released shapes with dummy weights, under PyTorch's profiler, which records the kernels inside graph
+chunks; diffusion: the compiled DiT's graph replay at 2 rows, one request with CFG, or more), released shapes with
+dummy weights, under PyTorch's profiler, which records the kernels inside graph
 replays too. Per configuration the JSON gives the wall time per step, the GPU's busy time per step (the union of
 kernel intervals: what is left of the wall time is the GPU idle, waiting for launches or the host), the kernels
 per step, their time by family (matmuls, attention, sorting, fused element-wise and reductions, copies, other) and
@@ -132,11 +134,44 @@ def vocoder_chunks(num_streams: int, chunk_frames: int, steps: int) -> dict:
             "gpu_ms_per_audio_s": round(result["gpu_busy_ms_per_step"] / audio_s, 3)} | result  # fmt: skip
 
 
+def diffusion_forwards(row_counts: list[int], steps: int) -> list[dict]:
+    from chorus.diffusion.dit import StableAudioDenoiser
+    from chorus.diffusion.graphs import GraphedDenoiser
+    from chorus.diffusion.loader import load_models
+
+    models = load_models("dummy", load_format="dummy", device="cuda", dtype="float16", seed=0)
+    denoiser = StableAudioDenoiser(
+        models.transformer, models.time_frequencies, compile_blocks=True, attention_backend="cudnn"
+    )
+    graphed = GraphedDenoiser.captured(denoiser, models, max(row_counts))
+    config = models.transformer.config
+    results = []
+    for rows in row_counts:
+        inputs = (
+            torch.randn(rows, models.num_latent_channels, models.num_latent_frames, device="cuda"),
+            torch.rand(rows, device="cuda"),
+            torch.randn(rows, graphed.num_cross_tokens, config.cross_attention_input_dim, device="cuda"),
+            torch.randn(rows, 1, config.global_states_input_dim, device="cuda"),
+        )
+        with torch.inference_mode():
+            graphed(*inputs)
+            result = _profiled(lambda: graphed(*inputs), steps)  # noqa: B023 (called before the next rows)
+        results.append({"engine": "diffusion", "rows": rows, "latent_frames": models.num_latent_frames} | result)
+    graphed.release()
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chorus.bench.kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="0.6b", help="talker shapes: 0.6b or 1.7b")
     parser.add_argument("--talker-batches", default="1,64", type=lambda text: [int(v) for v in text.split(",") if v])
     parser.add_argument("--vocoder-streams", default="16,64", type=lambda text: [int(v) for v in text.split(",") if v])
+    parser.add_argument(
+        "--diffusion-rows",
+        default="",
+        type=lambda text: [int(v) for v in text.split(",") if v],
+        help="DiT forwards at these batch rows (2: one request with CFG), e.g. 2,16",
+    )
     parser.add_argument("--chunk-frames", type=int, default=25)
     parser.add_argument("--steps", type=int, default=20, help="profiled steps (chunks) per configuration")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -150,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     for num_streams in args.vocoder_streams:
         rows.append(vocoder_chunks(num_streams, args.chunk_frames, args.steps))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "top_kernels"}), file=sys.stderr, flush=True)
+    if args.diffusion_rows:
+        for result in diffusion_forwards(args.diffusion_rows, args.steps):
+            rows.append(result)
+            print(json.dumps({k: v for k, v in result.items() if k != "top_kernels"}), file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"kernels-{time.strftime('%Y%m%d-%H%M%S')}.json"
     report = {"benchmark": "kernels", "commit": commit(), "host": platform.node(),
