@@ -16,6 +16,9 @@
 #   tts        the speech stack, both transports at concurrency 1, 16, 64, 256 (125 frames a request)
 #   formats    the speech stack, REST at 64 in pcm, mp3 and opus (item 4 compares them in one run; GATEWAY_WORKERS=8
 #              tells whether encoding is what limits them)
+#   formats-ab formats with REQUESTS (default 512) a level, then mp3 and opus again through a second gateway on the
+#              same backends and Redis, ENCODER_THREADS_B (default 20, the event loop's default pool on 16 cores)
+#              encoder threads per process: the gateway's encoder settings compared on one machine
 #   e2e        tts, then formats' mp3 and opus, then diffusion, all on one stack (the three stages' figures for one
 #              stack start), in one archive e2e-*.tgz
 #   sustained  the speech stack, both transports at 64 for 1024 requests (steady quarters and memory per level)
@@ -33,7 +36,7 @@
 # GPU memory) unless TALKER_SLOTS / KV_POSITIONS say otherwise; each stream may still reach the default 4608
 # positions (256 × 4608 would take 135 GB at 0.6B; the pool preempts and resumes streams exactly when it runs dry).
 set -euo pipefail
-stage=${1:?usage: bench/gpu_wave.sh tests|engines|tts|formats|e2e|sustained|long|profile|diffusion|peers OUT}
+stage=${1:?usage: bench/gpu_wave.sh tests|engines|tts|formats|formats-ab|e2e|sustained|long|profile|diffusion|peers OUT}
 out=${2:?usage: bench/gpu_wave.sh STAGE OUT}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -101,6 +104,25 @@ case $stage in
   formats)
     start_stack --speech-in-one-process
     for format in pcm mp3 opus; do bench_tts --transport rest --concurrency 64 --format $format --label "$label, $format"; done
+    ;;
+  formats-ab)
+    start_stack --speech-in-one-process
+    requests=${REQUESTS:-512}
+    for format in pcm mp3 opus; do
+      bench_tts --transport rest --concurrency 64 --requests-per-level $requests --format $format --label "$label, $format"
+    done
+    # Gateway B: the running gateway's settings (its supervisor's environment), its own ports, other encoder threads.
+    gateway_pid=$(pgrep -f "serve gateway" | head -1)
+    env_b=$(tr '\0' '\n' <"/proc/$gateway_pid/environ" | grep '^CHORUS_GATEWAY_' | grep -v -e _PORT= -e _ENCODER_THREADS=)
+    env $env_b CHORUS_GATEWAY_REST_PORT=8001 CHORUS_GATEWAY_PORT=50070 CHORUS_GATEWAY_METRICS_PORT=0 \
+      CHORUS_GATEWAY_ENCODER_THREADS=${ENCODER_THREADS_B:-20} "${cli[@]}" serve gateway >"$logs/gateway-b.log" 2>&1 &
+    gateway_b=$!
+    trap 'kill $gateway_b $stack 2>/dev/null; wait $gateway_b $stack 2>/dev/null; cp "$logs"/*.log "$out"/ 2>/dev/null || true' EXIT
+    for _ in $(seq 60); do curl -sf http://127.0.0.1:8001/ready >/dev/null && break; sleep 1; done
+    for format in mp3 opus; do
+      bench_tts --url http://127.0.0.1:8001 --grpc-target 127.0.0.1:50070 --transport rest --concurrency 64 \
+        --requests-per-level $requests --format $format --label "$label, $format, ${ENCODER_THREADS_B:-20} encoder threads"
+    done
     ;;
   e2e)  # tts, formats and diffusion on one stack: one start (~2 min of device time) instead of three
     start_stack --speech-in-one-process

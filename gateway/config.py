@@ -33,6 +33,12 @@ class GatewayConfig(ServiceConfig):
         "streams on an H100 host). `chorus up` starts 4 (at most one per core) when its talker runs on CUDA.",
     )
 
+    encoder_threads: int = option(
+        0,
+        "Threads encoding mp3, opus, aac and flac in each gateway process; 0: this host's cores divided among its "
+        "gateway processes (--workers), at least 2.",
+    )
+
     max_input_chars: int = option(4096, "Longest speech `input` (and text-to-audio `prompt`) accepted, in characters.")
     max_body_bytes: int = option(16 * 1024 * 1024, "Largest request body accepted (413 beyond it).")
     max_ref_audio_bytes: int = option(10 * 1024 * 1024, "Largest voice-clone reference audio, decoded.")

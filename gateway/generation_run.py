@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import Executor
 
 import grpc
 import numpy as np
@@ -61,12 +62,15 @@ class GenerationRun(JournaledRun):
         policy: FailoverPolicy = DEFAULT_POLICY,
         runner: str = "",
         resume: JournalPosition | None = None,
+        encoder_threads: Executor | None = None,
     ) -> None:
+        """`encoder_threads`: where the file is encoded (None: the event loop's default executor)."""
         super().__init__(requests, journal, cancels, request.request_id, runner, resume)
         self.request = request
         self.backends = backends
         self.response_format = response_format
         self.policy = policy
+        self.encoder_threads = encoder_threads
 
     async def _produce(self) -> dict:
         started = time.monotonic()
@@ -82,7 +86,8 @@ class GenerationRun(JournaledRun):
                 self.backends.release(replica)
         self.mark("engine_done")
         TIME_TO_FIRST_AUDIO_S.labels("audio").observe(time.monotonic() - started)
-        body, tail, num_samples = await asyncio.to_thread(_encode, self.response_format, pcm)
+        loop = asyncio.get_running_loop()
+        body, tail, num_samples = await loop.run_in_executor(self.encoder_threads, _encode, self.response_format, pcm)
         self.mark("encoded")
         sequence = await self._journal(0, body)
         sequence = await self._journal(sequence, tail)

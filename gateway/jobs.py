@@ -140,6 +140,7 @@ def build_run(
             ctx.config.failover,
             runner,
             resume,
+            ctx.encoder_threads,
         )
     return SpeechRun(
         ctx.requests,
@@ -156,6 +157,7 @@ def build_run(
         runner=runner,
         resume=resume,
         frames=frames,
+        encoder_threads=ctx.encoder_threads,
     )
 
 

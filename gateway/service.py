@@ -93,3 +93,4 @@ class GatewayService(Service):
         await self.context.cancels.close()
         await self.context.backends.close()
         await self.context.redis.aclose()
+        self.context.encoder_threads.shutdown(wait=False, cancel_futures=True)

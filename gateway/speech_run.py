@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
 
 from chorus.gateway.audio import StreamingEncoder
 from chorus.gateway.frame_log import FrameLog
@@ -80,14 +81,17 @@ class SpeechRun(JournaledRun):
         runner: str = "",
         resume: JournalPosition | None = None,
         frames: list[SegmentFrames] | None = None,
+        encoder_threads: Executor | None = None,
     ) -> None:
         """`max_lead_s` None: no bound (a run taken over has no reader here to wait for); `frames`: what the
-        frame journal holds of each segment, for a run taken over."""
+        frame journal holds of each segment, for a run taken over; `encoder_threads`: where mp3/opus/aac/flac
+        chunks are encoded (None: the event loop's default executor)."""
         super().__init__(requests, journal, cancels, request_id, runner, resume)
         self.segments = segments
         self.source = source
         self.response_format = response_format
         self.speed = speed
+        self.encoder_threads = encoder_threads
         self.max_concurrent_segments = max_concurrent_segments
         self.time_to_first_audio_s: float | None = None
         self.lead = OutputLead(max_lead_s) if max_lead_s is not None else None
@@ -125,7 +129,9 @@ class SpeechRun(JournaledRun):
                         self.mark("first_frame", self.frame_logs[0].first_frame_at)
                     self.mark("first_pcm")
                     sample_rate_hz = pcm.sample_rate_hz
-                    encoder = StreamingEncoder(self.response_format, sample_rate_hz, samples.shape[1], self.speed)
+                    encoder = StreamingEncoder(
+                        self.response_format, sample_rate_hz, samples.shape[1], self.speed, self.encoder_threads
+                    )
                 num_samples += samples.shape[0]
                 data = await encoder.encode_async(samples)
                 next_sequence = await self._journal(sequence, data)

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 
+from chorus.gateway.audio.encoder_threads import default_encoder_threads
 from chorus.gateway.config import GatewayConfig
 from chorus.runtime.config import to_environ
 from chorus.runtime.metrics import metrics_registry, serve_metrics
@@ -36,11 +37,13 @@ log = logging.getLogger("chorus.gateway.workers")
 
 def worker_config(config: GatewayConfig) -> GatewayConfig:
     """The settings of each of `config.workers` processes: one process, on the same ports (picked here where 0),
-    a share of each derived admission limit, no metrics port of its own (this process serves theirs)."""
+    a share of each derived admission limit and of the host's encoder threads, no metrics port of its own (this
+    process serves theirs)."""
     return dataclasses.replace(
         config,
         workers=1,
         admission_split=config.admission_split * config.workers,
+        encoder_threads=config.encoder_threads or default_encoder_threads(config.workers),
         port=config.port or free_port(config.host),
         rest_port=config.rest_port or free_port(config.rest_host),
         metrics_port=-1,

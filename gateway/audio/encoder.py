@@ -1,9 +1,9 @@
 """Incremental encoding: PCM chunks in, encoded bytes out as soon as the codec yields them.
 
 The concatenation of every `encode` result and the final `flush` is one valid file. `encode_async` and
-`flush_async` run a codec (or the tempo filter) in a worker thread: PyAV releases the GIL while it
-encodes, so a gateway process spreads its streams' mp3/opus work over the machine's cores and its
-event loop keeps serving the others meanwhile. Containers
+`flush_async` run a codec (or the tempo filter) in a worker thread (the gateway's `encoder_threads`): PyAV
+releases the GIL while it encodes, so a gateway process spreads its streams' mp3/opus work over its share of the
+machine's cores and its event loop keeps serving the others meanwhile. Containers
 are written to a non-seekable sink, so muxers that would go back to patch a header (mp3's Xing
 frame, FLAC's STREAMINFO totals) leave it as "unknown length", which every decoder accepts.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import threading
+from concurrent.futures import Executor
 
 import av
 import numpy as np
@@ -61,10 +62,18 @@ class StreamingEncoder:
 
     Input chunks are numpy arrays of shape (num_samples,) for mono or (num_samples, num_channels),
     float (in [-1, 1]) or int16, at `sample_rate_hz`. `speed` (0.25–4.0) changes tempo, not pitch.
-    Opus runs at 48 kHz when the input rate is not one libopus accepts (e.g. 44.1 kHz).
+    Opus runs at 48 kHz when the input rate is not one libopus accepts (e.g. 44.1 kHz). The async methods encode
+    on `threads` (None: the event loop's default executor).
     """
 
-    def __init__(self, format_name: str, sample_rate_hz: int, num_channels: int = 1, speed: float = 1.0) -> None:
+    def __init__(
+        self,
+        format_name: str,
+        sample_rate_hz: int,
+        num_channels: int = 1,
+        speed: float = 1.0,
+        threads: Executor | None = None,
+    ) -> None:
         if format_name not in FORMATS:
             raise ValueError(f"response_format: must be one of {', '.join(FORMATS)}, got {format_name!r}")
         if num_channels not in _LAYOUTS:
@@ -76,6 +85,7 @@ class StreamingEncoder:
         self.num_channels = num_channels
         self._layout = _LAYOUTS[num_channels]
         self._tempo = TempoFilter(speed, sample_rate_hz, self._layout) if speed != 1.0 else None
+        self._threads = threads
         self._num_samples_in = 0
         self._is_finished = False
         self._has_sent_header = False
@@ -129,13 +139,13 @@ class StreamingEncoder:
         """`encode`, in a worker thread unless the format is plain PCM (pcm, wav at speed 1)."""
         if self._is_plain_pcm:
             return self.encode(samples)
-        return await asyncio.to_thread(self.encode, samples)
+        return await asyncio.get_running_loop().run_in_executor(self._threads, self.encode, samples)
 
     async def flush_async(self) -> bytes:
         """`flush`, in a worker thread unless the format is plain PCM."""
         if self._is_plain_pcm:
             return self.flush()
-        return await asyncio.to_thread(self.flush)
+        return await asyncio.get_running_loop().run_in_executor(self._threads, self.flush)
 
     def close(self) -> None:
         """Releases the codec without finishing the file (the request was cancelled); waits for an encode
