@@ -6,8 +6,11 @@ with `--no-breakdown`). With `--chaos N` a talker or vocoder replica is killed e
 `--format` picks the response format (pcm by default). PCM bytes are audio seconds as they arrive; an encoded
 response's seconds are known once it is complete (its packets' durations, read without decoding), and each piece
 of it is credited the packets it made playable; TTFP and the simulated player start at the first piece with audio,
-not at a container header. Each level's `ttfp_stages` splits the TTFP of a sample of its requests at the stages
-their runs marked (`chorus.bench.ttfp`)."""
+not at a container header. Encoded responses are read after their level ends: one client process standing in for
+many, it would otherwise spend the level's time demuxing, and send each next request late (at 64 streams on an
+H100 host, a request's turn in an mp3 or opus level lasted ~200 ms longer than its latency, in pcm ~20 ms).
+Each level's `ttfp_stages` splits the TTFP of a sample of its requests at the stages their runs marked
+(`chorus.bench.ttfp`)."""
 
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ def speech_body(
 
 
 class Response:
-    """One response's bytes as they arrive, turned into its RequestTiming once complete."""
+    """One response's bytes as they arrive, turned into its RequestTiming once the level is over."""
 
     def __init__(self, response_format: str) -> None:
         self.response_format = response_format
@@ -60,15 +63,18 @@ class Response:
             if self.response_format != "pcm":
                 self.encoded += data
 
-    async def finish(self, error: str | None = None) -> RequestTiming:
+    def finish(self, error: str | None = None) -> Response:
         self.timing.finished_at = time.perf_counter()
         self.timing.error = error
-        if error is None and self.pieces:
+        return self
+
+    def timed(self) -> RequestTiming:
+        """The timing with its arrivals: each piece's seconds of audio (an encoded file's read from its packets)."""
+        if self.timing.error is None and self.pieces:
             if self.response_format == "pcm":
                 seconds = [num_bytes / BYTES_PER_SECOND for _, num_bytes in self.pieces]
-            else:  # off the event loop: the other requests' arrivals are being timed on it
-                sizes = [num_bytes for _, num_bytes in self.pieces]
-                seconds = await asyncio.to_thread(seconds_per_piece, bytes(self.encoded), sizes)
+            else:
+                seconds = seconds_per_piece(bytes(self.encoded), [num_bytes for _, num_bytes in self.pieces])
             # A piece without audio (a container header) is not audio: TTFP and the player start at the first with.
             self.timing.arrivals = [(at, s) for (at, _), s in zip(self.pieces, seconds, strict=True) if s > 0]
             if self.timing.arrivals:
@@ -94,22 +100,22 @@ def seconds_per_piece(data: bytes, sizes: list[int]) -> list[float]:
     return seconds
 
 
-async def rest_request(session: aiohttp.ClientSession, body: dict) -> RequestTiming:
+async def rest_request(session: aiohttp.ClientSession, body: dict) -> Response:
     response = Response(body["response_format"])
     try:
         async with session.post("/v1/audio/speech", json=body) as reply:
             response.timing.request_id = reply.headers.get("X-Request-Id")
             if reply.status != 200:
                 await reply.read()
-                return await response.finish(f"HTTP {reply.status}")
+                return response.finish(f"HTTP {reply.status}")
             async for data in reply.content.iter_any():
                 response.arrived(data)
     except (aiohttp.ClientError, TimeoutError) as exc:
-        return await response.finish(type(exc).__name__)
-    return await response.finish()
+        return response.finish(type(exc).__name__)
+    return response.finish()
 
 
-async def grpc_request(stub: gateway_pb2_grpc.ChorusStub, body: dict, metadata) -> RequestTiming:
+async def grpc_request(stub: gateway_pb2_grpc.ChorusStub, body: dict, metadata) -> Response:
     request = gateway_pb2.SpeakRequest(
         model=body["model"], input=body["input"], voice=body["voice"], seed=body["seed"],
         response_format=FORMATS[body["response_format"]], max_frames=body.get("max_frames", 0),
@@ -123,31 +129,40 @@ async def grpc_request(stub: gateway_pb2_grpc.ChorusStub, body: dict, metadata) 
             elif output.HasField("request_id"):
                 response.timing.request_id = output.request_id
     except grpc.aio.AioRpcError as exc:
-        return await response.finish(exc.code().name)
-    return await response.finish()
+        return response.finish(exc.code().name)
+    return response.finish()
 
 
 async def run_level(
-    send: Callable[[int], object], concurrency: int, num_requests: int, on_done, chaos: Chaos | None = None
+    send: Callable[[int], object],
+    concurrency: int,
+    num_requests: int,
+    on_done,
+    chaos: Chaos | None = None,
+    steps: StepBreakdown | None = None,
 ) -> tuple[dict, list[RequestTiming]]:
-    """`num_requests` calls of `send(index)` with `concurrency` in flight; the level's summary (with the
-    fail-overs `chaos` caused) and its requests' timings."""
+    """`num_requests` calls of `send(index)` (a coroutine giving its `Response`) with `concurrency` in flight;
+    the level's summary (with the fail-overs `chaos` caused and the breakdown of `steps`, started before) and its
+    requests' timings."""
     slots = asyncio.Semaphore(concurrency)
 
-    async def one(index: int) -> RequestTiming:
+    async def one(index: int) -> Response:
         async with slots:
-            timing = await send(index)
+            response = await send(index)
         on_done()
-        return timing
+        return response
 
     started = time.perf_counter()
-    timings = await asyncio.gather(*(one(index) for index in range(num_requests)))
-    summary = summarize(list(timings), time.perf_counter() - started) | {
-        "steady_quarters": steady_quarters(list(timings), started)
-    }
+    responses = await asyncio.gather(*(one(index) for index in range(num_requests)))
+    wall_s = time.perf_counter() - started
+    breakdown = await steps.finish() if steps is not None else None  # before reading the responses: off the clock
+    timings = await asyncio.to_thread(lambda: [response.timed() for response in responses])
+    summary = summarize(timings, wall_s) | {"steady_quarters": steady_quarters(timings, started)}
     if chaos is not None:
-        summary["chaos"] = chaos.summary(list(timings))
-    return summary, list(timings)
+        summary["chaos"] = chaos.summary(timings)
+    if breakdown is not None:
+        summary["breakdown"] = breakdown
+    return summary, timings
 
 
 async def run(args, progress) -> list[dict]:
@@ -195,9 +210,7 @@ async def run(args, progress) -> list[dict]:
             counter = progress.level(f"{transport} c={concurrency}", num_requests)
             if steps is not None:
                 await steps.start()
-            summary, timings = await run_level(send, concurrency, num_requests, counter, chaos)
-            if steps is not None:
-                summary["breakdown"] = await steps.finish()
+            summary, timings = await run_level(send, concurrency, num_requests, counter, chaos, steps)
             summary["ttfp_stages"] = await level_ttfp_stages(http, timings)  # read after the level, not timed
             levels.append({"transport": transport, "concurrency": concurrency} | summary)
             progress.done(levels[-1])

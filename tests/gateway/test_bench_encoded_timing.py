@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chorus.bench.tts import seconds_per_piece
+from chorus.bench.tts import Response, run_level, seconds_per_piece
 from chorus.gateway.audio.encoder import StreamingEncoder
 
 RATE_HZ = 24_000
@@ -45,3 +45,26 @@ def test_each_piece_is_credited_the_audio_it_made_playable(format_name):
     assert sum(1 for s in seconds if s > 0) >= len(sizes) // 2, seconds
     if format_name == "opus":
         assert data.startswith(b"OggS") and seconds[0] == 0, seconds
+
+
+async def test_a_level_reads_its_encoded_responses_after_its_last_request(monkeypatch):
+    """Demuxing is the client's work, not the server's: a closed loop that did it between requests would send each
+    next request late, so a level reads its responses only once every request has ended."""
+    data, sizes, _ = encoded_in_pieces("mp3", num_chunks=12)
+    events = []
+
+    async def send(index: int) -> Response:
+        response = Response("mp3")
+        offset = 0
+        for size in sizes:
+            response.arrived(data[offset : offset + size])
+            offset += size
+        events.append("request")
+        return response.finish()
+
+    timed = Response.timed
+    monkeypatch.setattr(Response, "timed", lambda response: events.append("read") or timed(response))
+    summary, timings = await run_level(send, concurrency=2, num_requests=4, on_done=lambda: None)
+    assert events == ["request"] * 4 + ["read"] * 4
+    assert summary["completed"] == 4
+    assert all(timing.audio_s == pytest.approx(12 * CHUNK_S, abs=0.1) for timing in timings)
