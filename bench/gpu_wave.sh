@@ -15,11 +15,11 @@
 #              vocoder bf16, the diffusion engine (compiled DiT, cuDNN attention) against diffusers' pipeline
 #   tts        the speech stack, both transports at concurrency 1, 16, 64, 256 (125 frames a request)
 #   formats    the speech stack, REST at 64 in pcm, mp3 and opus (item 4 compares them in one run; GATEWAY_WORKERS=8
-#              tells whether encoding is what limits them)
+#              tells whether encoding is what limits them), REQUESTS a level if set (default 128: two ramps)
 #   formats-ab formats with REQUESTS (default 512) a level, then mp3 and opus again through a second gateway on the
 #              same backends and Redis, ENCODER_THREADS_B (default 20, the event loop's default pool on 16 cores)
 #              encoder threads per process: the gateway's encoder settings compared on one machine
-#   e2e        tts, then formats' mp3 and opus, then diffusion, all on one stack (the three stages' figures for one
+#   e2e        tts, then formats' pcm, mp3 and opus, then diffusion, all on one stack (the three stages' figures for one
 #              stack start), in one archive e2e-*.tgz
 #   sustained  the speech stack, both transports at 64 for 1024 requests (steady quarters and memory per level)
 #   long       tts, sustained, formats (pcm, mp3, opus) and diffusion on one stack start, in one archive long-*.tgz
@@ -103,7 +103,10 @@ case $stage in
     ;;
   formats)
     start_stack --speech-in-one-process
-    for format in pcm mp3 opus; do bench_tts --transport rest --concurrency 64 --format $format --label "$label, $format"; done
+    for format in pcm mp3 opus; do
+      bench_tts --transport rest --concurrency 64 ${REQUESTS:+--requests-per-level $REQUESTS} --format $format \
+        --label "$label, $format"
+    done
     ;;
   formats-ab)
     start_stack --speech-in-one-process
@@ -126,13 +129,16 @@ case $stage in
     ;;
   e2e)  # tts, formats and diffusion on one stack: one start (~2 min of device time) instead of three
     start_stack --speech-in-one-process
-    archive=$out/e2e-$(date +%Y%m%d-%H%M%S).tgz out=$logs/e2e  # 10 files: one archive (the device tool brings 8)
+    archive=$out/e2e-$(date +%Y%m%d-%H%M%S).tgz out=$logs/e2e  # 12 files: one archive (the device tool brings 8)
     mkdir -p "$out"
     set +e  # not `( … ) || status=$?`: inside a tested subshell, set -e does nothing
     (
       set -e
       bench_tts --transport both --concurrency "$levels" --label "$label"
-      for format in mp3 opus; do bench_tts --transport rest --concurrency 64 --format $format --label "$label, $format"; done
+      for format in pcm mp3 opus; do
+        bench_tts --transport rest --concurrency 64 ${REQUESTS:+--requests-per-level $REQUESTS} --format $format \
+          --label "$label, $format"
+      done
       chorus bench diffusion --out "$out" --label "$label"
     )
     status=$?
