@@ -13,7 +13,8 @@
 #              last GPU run), then the decode kernels' and KV pool tests, which are not marked gpu
 #   engines    talker 0.6B at batch 1/16/64/128/256 against the reference-style loop (1/16/64), 1.7B at 1/64, the
 #              vocoder bf16, the diffusion engine (compiled DiT, cuDNN attention) against diffusers' pipeline
-#   tts        the speech stack, both transports at concurrency 1, 16, 64, 256 (125 frames a request)
+#   tts        the speech stack, both transports (or TRANSPORT) at concurrency 1, 16, 64, 256 (125 frames a
+#              request), REQUESTS a level if set
 #   formats    the speech stack, REST at 64 in pcm, mp3 and opus (item 4 compares them in one run; GATEWAY_WORKERS=8
 #              tells whether encoding is what limits them), REQUESTS a level if set (default 128: two ramps)
 #   formats-ab formats with REQUESTS (default 512) a level, then mp3 and opus again through a second gateway on the
@@ -99,7 +100,8 @@ case $stage in
     ;;
   tts)
     start_stack --speech-in-one-process
-    bench_tts --transport both --concurrency "$levels" --label "$label"
+    bench_tts --transport "${TRANSPORT:-both}" --concurrency "$levels" ${REQUESTS:+--requests-per-level $REQUESTS} \
+      --label "$label${CHORUS_SPEECH_FIRST_ON_GPU:+, $CHORUS_SPEECH_FIRST_ON_GPU first on the GPU}"
     ;;
   formats)
     start_stack --speech-in-one-process

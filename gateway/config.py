@@ -114,6 +114,8 @@ class GatewayConfig(ServiceConfig):
                 raise ValueError(f"{name}: must be at least 0 (0: what the backend's replicas report they serve)")
         if self.max_failovers < 0:
             raise ValueError(f"max_failovers: must be at least 0, got {self.max_failovers}")
+        if self.encoder_threads < 0:
+            raise ValueError(f"encoder_threads: must be at least 0, got {self.encoder_threads}")
 
     @property
     def failover(self) -> FailoverPolicy:

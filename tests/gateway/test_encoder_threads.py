@@ -82,4 +82,6 @@ def test_each_gateway_process_gets_a_share_of_the_cores():
     assert worker_config(GatewayConfig(workers=4, encoder_threads=3)).encoder_threads == 3  # as set
     with pytest.raises(ValueError, match="encoder threads"):
         encoder_threads(0)
+    with pytest.raises(ValueError, match="encoder_threads"):
+        GatewayConfig(encoder_threads=-1)
 
