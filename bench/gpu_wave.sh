@@ -101,7 +101,7 @@ case $stage in
   tts)
     start_stack --speech-in-one-process
     bench_tts --transport "${TRANSPORT:-both}" --concurrency "$levels" ${REQUESTS:+--requests-per-level $REQUESTS} \
-      --label "$label${CHORUS_SPEECH_FIRST_ON_GPU:+, $CHORUS_SPEECH_FIRST_ON_GPU first on the GPU}"
+      --label "$label"
     ;;
   formats)
     start_stack --speech-in-one-process

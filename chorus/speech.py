@@ -2,11 +2,10 @@
 
 Two processes on one GPU take turns on it: the driver time-slices their contexts, so a vocoder chunk waits for
 the talker's decode step to yield, and neither fills the GPU while the other runs. In one process each engine
-runs on a CUDA stream of its own — by default the vocoder's at a higher priority, because its short decodes are
-what a listener waits for (`first_on_gpu`) — and their kernels interleave. The process serves both gRPC services
-on one port (point the gateway's talker and vocoder targets at it); each reads its own settings
-(`CHORUS_TALKER_*`, `CHORUS_VOCODER_*`), and only the listening address, metrics port, drain time, logging and
-`first_on_gpu` come from `CHORUS_SPEECH_*`.
+runs on a CUDA stream of its own — the vocoder's at a higher priority, because its short decodes are what a
+listener waits for — and their kernels interleave. The process serves both gRPC services on one port (point the
+gateway's talker and vocoder targets at it); each reads its own settings (`CHORUS_TALKER_*`, `CHORUS_VOCODER_*`),
+and only the listening address, metrics port, drain time and logging come from `CHORUS_SPEECH_*`.
 """
 
 from __future__ import annotations
@@ -16,26 +15,20 @@ from typing import ClassVar
 
 import grpc
 
-from chorus.runtime.config import ServiceConfig, load_config, option
+from chorus.runtime.config import ServiceConfig, load_config
 from chorus.runtime.host import Service
 from chorus.talker.config import TalkerConfig
 from chorus.talker.service import TalkerService
 from chorus.vocoder.config import VocoderConfig
 from chorus.vocoder.service import VocoderService
 
-HIGH_PRIORITY, LOW_PRIORITY = -1, 0  # CUDA stream priorities: lower numbers go first
+TALKER_STREAM_PRIORITY = 0
+VOCODER_STREAM_PRIORITY = -1  # higher: its decodes sit on the time-to-first-audio path
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SpeechConfig(ServiceConfig):
     env_prefix: ClassVar[str] = "CHORUS_SPEECH_"
-
-    first_on_gpu: str = option(
-        "vocoder",
-        "Which engine's kernels the GPU schedules first: the vocoder (its short decodes are on the path to first "
-        "audio) or the talker (its step, a chain of ~1,200 small kernels, waits less behind the vocoder's).",
-        choices=("vocoder", "talker"),
-    )
 
 
 class SpeechService(Service):
@@ -48,9 +41,8 @@ class SpeechService(Service):
         except ValueError as exc:
             raise SystemExit(f"chorus serve speech: {exc}") from None
         self.config = config
-        talker_first = config.first_on_gpu == "talker"
-        self.talker = TalkerService(talker_config, stream_priority=HIGH_PRIORITY if talker_first else LOW_PRIORITY)
-        self.vocoder = VocoderService(vocoder_config, stream_priority=LOW_PRIORITY if talker_first else HIGH_PRIORITY)
+        self.talker = TalkerService(talker_config, stream_priority=TALKER_STREAM_PRIORITY)
+        self.vocoder = VocoderService(vocoder_config, stream_priority=VOCODER_STREAM_PRIORITY)
 
     def register(self, server: grpc.aio.Server) -> None:
         self.talker.register(server)

@@ -7,7 +7,6 @@ import asyncio
 
 import pytest
 
-from chorus.runtime.config import load_config
 from chorus.runtime.host import ServiceHost
 from chorus.speech import SpeechConfig, SpeechService
 
@@ -55,13 +54,3 @@ def test_bad_component_settings_exit_with_a_message(monkeypatch):
     monkeypatch.setenv("CHORUS_TALKER_MAX_STREAMS", "many")
     with pytest.raises(SystemExit, match=r"chorus serve speech: .*CHORUS_TALKER_MAX_STREAMS"):
         SpeechService(SpeechConfig())
-
-
-def test_first_on_gpu_picks_the_engine_whose_stream_has_the_higher_priority(monkeypatch):
-    by_default = SpeechService(SpeechConfig())
-    assert by_default.vocoder.stream_priority < by_default.talker.stream_priority  # lower numbers go first
-    talker_first = SpeechService(SpeechConfig(first_on_gpu="talker"))
-    assert talker_first.talker.stream_priority < talker_first.vocoder.stream_priority
-    monkeypatch.setenv("CHORUS_SPEECH_FIRST_ON_GPU", "gateway")
-    with pytest.raises(ValueError, match="CHORUS_SPEECH_FIRST_ON_GPU"):
-        load_config(SpeechConfig)
