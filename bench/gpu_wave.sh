@@ -23,7 +23,8 @@
 #   e2e        tts, then formats' pcm, mp3 and opus, then diffusion, all on one stack (the three stages' figures for one
 #              stack start), in one archive e2e-*.tgz
 #   sustained  the speech stack, both transports at 64 for 1024 requests (steady quarters and memory per level)
-#   long       tts, sustained, formats (pcm, mp3, opus) and diffusion on one stack start, in one archive long-*.tgz
+#   long       tts, sustained, formats (pcm, mp3, opus; REQUESTS a level if set) and diffusion on one stack start, in
+#              one archive long-*.tgz
 #   profile    the speech stack at 64 (pcm, mp3) and 256 (pcm), REST, ~20 s a level (PROFILE_LEVELS), with 10 s of
 #              py-spy (needs `../shared/tools/device-wheels.sh py-spy`) on the speech process and one gateway worker
 #              mid-level: profiles-*.tgz holds py-spy's raw stacks per thread, profile-*.txt (a failed attach says why
@@ -164,7 +165,10 @@ case $stage in
       tar czf "$archive" -C "$out" .  # each bench's results as soon as they exist: a call cut short keeps them
       bench_tts --transport both --concurrency 64 --requests-per-level 1024 --label "$label, sustained"
       tar czf "$archive" -C "$out" .
-      for format in pcm mp3 opus; do bench_tts --transport rest --concurrency 64 --format $format --label "$label, $format"; done
+      for format in pcm mp3 opus; do
+        bench_tts --transport rest --concurrency 64 ${REQUESTS:+--requests-per-level $REQUESTS} --format $format \
+          --label "$label, $format"
+      done
       tar czf "$archive" -C "$out" .
       chorus bench diffusion --out "$out" --label "$label"
     )
