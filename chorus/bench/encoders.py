@@ -6,7 +6,10 @@ its CPU time per second of audio (what a gateway worker spends), the bytes, and 
 to the input (log-spectral distance over 0-8 kHz, the band both codecs keep at these bitrates, and SNR, both after
 aligning away the codec's delay). The audio is synthetic, not speech: a voice-like harmonic series with a gliding
 pitch, three formants, syllable envelopes and breath noise, so the figures compare the options with each other, not
-with a listening test. JSON + PNG (CPU ms per audio second, options beside defaults) land in `--out`.
+with a listening test. It also times the streamed formats on silence, which TTS output has before, after and
+between phrases, on a gateway encoder thread (denormals flushed to zero) and on this one (not flushed): libopus
+slows down several times there without flushing. JSON + PNG (CPU ms per audio second: options beside defaults, then
+silence flushed beside not flushed) land in `--out`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 
 from chorus.bench.report import commit
 from chorus.bench_png import write_grouped_bars
+from chorus.gateway.audio.encoder_threads import encoder_threads
 from chorus.gateway.audio.formats import FORMATS, AudioFormatSpec
 
 SPEECH_RATE_HZ = 24_000
@@ -116,6 +120,22 @@ def measure(spec: AudioFormatSpec, samples: np.ndarray, options: dict[str, str],
     )
 
 
+def silence_cost(spec: AudioFormatSpec, seconds: float, repeats: int) -> dict:
+    """CPU ms per audio second of `seconds` of silence with the gateway's options, on an encoder thread and here."""
+    silence, options = np.zeros(int(seconds * SPEECH_RATE_HZ), np.float32), dict(spec.codec_options)
+    threads = encoder_threads(1)
+    try:
+        flushed_s = min(threads.submit(encode, spec, silence, options).result()[0] for _ in range(repeats))
+    finally:
+        threads.shutdown()
+    kept_s = min(encode(spec, silence, options)[0] for _ in range(repeats))
+    return {
+        "format": spec.name,
+        "flushed_cpu_ms_per_audio_s": round(flushed_s * 1000 / seconds, 2),
+        "not_flushed_cpu_ms_per_audio_s": round(kept_s * 1000 / seconds, 2),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chorus.bench.encoders", description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -133,13 +153,16 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(json.dumps(row), file=sys.stderr, flush=True)
         results.append(row)
+    silence = [silence_cost(FORMATS[name], args.seconds, args.repeats) for name in ("mp3", "opus", "aac")]
+    print(json.dumps({"silence": silence}), file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"encoders-{time.strftime('%Y%m%d-%H%M%S')}.json"
     settings = {"seconds": args.seconds, "rate_hz": SPEECH_RATE_HZ, "chunks": CHUNKS, "repeats": args.repeats}
     report = {"benchmark": "encoders", "commit": commit(), "host": platform.node(), "cpu": platform.processor(),
-              "settings": settings, "results": results}  # fmt: skip
+              "settings": settings, "results": results, "silence": silence}  # fmt: skip
     path.write_text(json.dumps(report, indent=2))
     pairs = [(row["chosen"]["cpu_ms_per_audio_s"], row["defaults"]["cpu_ms_per_audio_s"]) for row in results]
+    pairs += [(row["flushed_cpu_ms_per_audio_s"], row["not_flushed_cpu_ms_per_audio_s"]) for row in silence]
     write_grouped_bars(path.with_suffix(".png"), pairs)
     print(f"wrote {path} and .png", file=sys.stderr)
     return 0

@@ -59,4 +59,6 @@ def test_bench_writes_json_and_png(tmp_path):
     for row in report["results"]:
         assert row["chosen"]["options"] == dict(FORMATS[row["format"]].codec_options)
         assert row["chosen"]["cpu_ms_per_audio_s"] > 0 and row["defaults"]["cpu_ms_per_audio_s"] > 0
+    assert [row["format"] for row in report["silence"]] == ["mp3", "opus", "aac"]
+    assert all(row["flushed_cpu_ms_per_audio_s"] > 0 for row in report["silence"])
     assert path.with_suffix(".png").stat().st_size > 0
