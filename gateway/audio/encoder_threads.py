@@ -31,7 +31,7 @@ _FENV_BYTES = 64  # more than fenv_t on either (32 and 8 bytes)
 def default_encoder_threads(num_processes: int) -> int:
     """Threads per gateway process when `num_processes` share this host: its cores divided among them, at least 2
     (one stream's encode never waits behind a single other one)."""
-    return max(2, (os.cpu_count() or 1) // max(1, num_processes))
+    return max(2, len(os.sched_getaffinity(0)) // max(1, num_processes))
 
 
 def encoder_threads(num_threads: int) -> ThreadPoolExecutor:
