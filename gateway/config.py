@@ -29,8 +29,8 @@ class GatewayConfig(ServiceConfig):
         1,
         "Gateway processes sharing these ports, one core each; each is a replica of its own (its own admission "
         "limits; derived ones are split between them). 2–4 keep up with one GPU's PCM speech traffic, which one "
-        "process cannot; mp3 and opus cost ~10× the CPU per audio second (4 workers were saturated by 64 mp3 "
-        "streams on an H100 host). `chorus up` starts 4 (at most one per core) when its talker runs on CUDA.",
+        "process cannot; mp3 and opus cost 5–7× pcm's CPU per audio second (4 workers keep 64 of them within 10 % of "
+        "pcm's throughput on an H100 host). `chorus up` starts 4 (at most one per core) when its talker runs on CUDA.",
     )
 
     encoder_threads: int = option(
