@@ -84,6 +84,14 @@ bench_tts() {
   chorus bench tts --fixed-frames 125 --out "$out" --timeout-s 420 "$@"
 }
 
+bench_formats() {  # FORMATS [flags]: REST at 64 in each format, REQUESTS a level if set, label_suffix if set
+  local formats=$1; shift
+  for format in $formats; do
+    bench_tts --transport rest --concurrency 64 ${REQUESTS:+--requests-per-level $REQUESTS} --format $format \
+      --label "$label, $format${label_suffix:-}" "$@"
+  done
+}
+
 case $stage in
   tests)
     status=0
@@ -106,17 +114,12 @@ case $stage in
     ;;
   formats)
     start_stack --speech-in-one-process
-    for format in pcm mp3 opus; do
-      bench_tts --transport rest --concurrency 64 ${REQUESTS:+--requests-per-level $REQUESTS} --format $format \
-        --label "$label, $format"
-    done
+    bench_formats "pcm mp3 opus"
     ;;
   formats-ab)
     start_stack --speech-in-one-process
-    requests=${REQUESTS:-512}
-    for format in pcm mp3 opus; do
-      bench_tts --transport rest --concurrency 64 --requests-per-level $requests --format $format --label "$label, $format"
-    done
+    REQUESTS=${REQUESTS:-512}
+    bench_formats "pcm mp3 opus"
     # Gateway B: the running gateway's settings (its supervisor's environment), its own ports, other encoder threads.
     gateway_pid=$(pgrep -f "serve gateway" | head -1)
     env_b=$(tr '\0' '\n' <"/proc/$gateway_pid/environ" | grep '^CHORUS_GATEWAY_' | grep -v -e _PORT= -e _ENCODER_THREADS=)
@@ -125,10 +128,8 @@ case $stage in
     gateway_b=$!
     trap 'kill $gateway_b $stack 2>/dev/null; wait $gateway_b $stack 2>/dev/null; cp "$logs"/*.log "$out"/ 2>/dev/null || true' EXIT
     for _ in $(seq 60); do curl -sf http://127.0.0.1:8001/ready >/dev/null && break; sleep 1; done
-    for format in mp3 opus; do
-      bench_tts --url http://127.0.0.1:8001 --grpc-target 127.0.0.1:50070 --transport rest --concurrency 64 \
-        --requests-per-level $requests --format $format --label "$label, $format, ${ENCODER_THREADS_B:-20} encoder threads"
-    done
+    label_suffix=", ${ENCODER_THREADS_B:-20} encoder threads" \
+      bench_formats "mp3 opus" --url http://127.0.0.1:8001 --grpc-target 127.0.0.1:50070
     ;;
   e2e)  # tts, formats and diffusion on one stack: one start (~2 min of device time) instead of three
     start_stack --speech-in-one-process
@@ -138,10 +139,7 @@ case $stage in
     (
       set -e
       bench_tts --transport both --concurrency "$levels" --label "$label"
-      for format in pcm mp3 opus; do
-        bench_tts --transport rest --concurrency 64 ${REQUESTS:+--requests-per-level $REQUESTS} --format $format \
-          --label "$label, $format"
-      done
+      bench_formats "pcm mp3 opus"
       chorus bench diffusion --out "$out" --label "$label"
     )
     status=$?
@@ -165,10 +163,7 @@ case $stage in
       tar czf "$archive" -C "$out" .  # each bench's results as soon as they exist: a call cut short keeps them
       bench_tts --transport both --concurrency 64 --requests-per-level 1024 --label "$label, sustained"
       tar czf "$archive" -C "$out" .
-      for format in pcm mp3 opus; do
-        bench_tts --transport rest --concurrency 64 ${REQUESTS:+--requests-per-level $REQUESTS} --format $format \
-          --label "$label, $format"
-      done
+      bench_formats "pcm mp3 opus"
       tar czf "$archive" -C "$out" .
       chorus bench diffusion --out "$out" --label "$label"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from chorus.gateway.audio.encoder_threads import default_encoder_threads
 from chorus.gateway.failover import FailoverPolicy
 from chorus.gateway.state.redis_url import check_redis_url
 from chorus.runtime.config import ServiceConfig, option
@@ -116,6 +117,11 @@ class GatewayConfig(ServiceConfig):
             raise ValueError(f"max_failovers: must be at least 0, got {self.max_failovers}")
         if self.encoder_threads < 0:
             raise ValueError(f"encoder_threads: must be at least 0, got {self.encoder_threads}")
+
+    @property
+    def encoder_thread_count(self) -> int:
+        """`encoder_threads`, or this process's share of the cores when 0."""
+        return self.encoder_threads or default_encoder_threads(self.workers)
 
     @property
     def failover(self) -> FailoverPolicy:

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import redis.asyncio as redis
 
 from chorus.gateway.admission import Admission, BackendAdmission
-from chorus.gateway.audio.encoder_threads import default_encoder_threads, encoder_threads
+from chorus.gateway.audio.encoder_threads import encoder_threads
 from chorus.gateway.backends import BackendPool
 from chorus.gateway.capacity import UNREPORTED_CAPACITY, DerivedLimits, share_of_capacity
 from chorus.gateway.catalog import TalkerCatalog
@@ -93,7 +93,7 @@ class GatewayContext:
             frame_journal=FrameJournal(client, ttl_s=config.request_ttl_s),
             broker=RunBroker(RunQueue(client, consumer_name(), config.run_lease_s, config.run_queue), runs),
             voices=VoiceRegistry(VoiceStore(client), backends, catalog, reference_codes, config),
-            encoder_threads=encoder_threads(config.encoder_threads or default_encoder_threads(config.workers)),
+            encoder_threads=encoder_threads(config.encoder_thread_count),
         )
 
     def require_backends(self, *kinds: str) -> None:

@@ -26,7 +26,6 @@ import sys
 import tempfile
 import time
 
-from chorus.gateway.audio.encoder_threads import default_encoder_threads
 from chorus.gateway.config import GatewayConfig
 from chorus.runtime.config import to_environ
 from chorus.runtime.metrics import metrics_registry, serve_metrics
@@ -43,7 +42,7 @@ def worker_config(config: GatewayConfig) -> GatewayConfig:
         config,
         workers=1,
         admission_split=config.admission_split * config.workers,
-        encoder_threads=config.encoder_threads or default_encoder_threads(config.workers),
+        encoder_threads=config.encoder_thread_count,
         port=config.port or free_port(config.host),
         rest_port=config.rest_port or free_port(config.rest_host),
         metrics_port=-1,

@@ -137,15 +137,16 @@ class StreamingEncoder:
 
     async def encode_async(self, samples: np.ndarray) -> bytes:
         """`encode`, in a worker thread unless the format is plain PCM (pcm, wav at speed 1)."""
-        if self._is_plain_pcm:
-            return self.encode(samples)
-        return await asyncio.get_running_loop().run_in_executor(self._threads, self.encode, samples)
+        return await self._off_the_loop(self.encode, samples)
 
     async def flush_async(self) -> bytes:
         """`flush`, in a worker thread unless the format is plain PCM."""
+        return await self._off_the_loop(self.flush)
+
+    async def _off_the_loop(self, method, *args) -> bytes:
         if self._is_plain_pcm:
-            return self.flush()
-        return await asyncio.get_running_loop().run_in_executor(self._threads, self.flush)
+            return method(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._threads, method, *args)
 
     def close(self) -> None:
         """Releases the codec without finishing the file (the request was cancelled); waits for an encode
