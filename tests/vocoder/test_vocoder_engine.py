@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from vocoder_helpers import random_codes
+from vocoder_helpers import random_codes, until_no_live_streams
 
 from chorus.runtime.errors import InvalidRequest, Overloaded, Unavailable
 from chorus.vocoder.engine.engine import BatchReport, DecodeEngine, DecodeStream, EngineSettings, StreamEnded
@@ -112,10 +112,7 @@ async def test_state_freed_after_finish_cancel_and_abandon(engine):
     abandoned = engine.open_stream("abandoned")  # the client vanished: nobody sends, nobody reads
     await abandoned.send(random_codes(5, seed=3)[0].numpy())
     assert engine.stats().state_bytes == engine.runner.bytes_per_stream > 0
-    for _ in range(100):
-        if engine.stats().live_streams == 0:
-            break
-        await asyncio.sleep(0.02)
+    await until_no_live_streams(engine)
     stats = engine.stats()
     assert (stats.live_streams, stats.state_bytes, stats.free_slots) == (0, 0, 4)
     assert (finished.status, cancelled.status, abandoned.status) == (

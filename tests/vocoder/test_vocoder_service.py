@@ -8,6 +8,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
+from vocoder_helpers import until_no_live_streams
 
 from chorus.runtime.host import ServiceHost
 from chorus.v1 import common_pb2, vocoder_pb2, vocoder_pb2_grpc
@@ -117,8 +118,7 @@ async def test_bad_streams_get_invalid_argument_and_free_their_state(vocoder, me
         _ = [m async for m in stub.Decode(iter(messages))]
     assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert detail in failure.value.details()
-    await asyncio.sleep(0.05)
-    assert service.engine.stats().live_streams == 0
+    await until_no_live_streams(service.engine)
 
 
 async def test_a_cancelled_call_frees_its_stream(vocoder, codes):
@@ -136,11 +136,7 @@ async def test_a_cancelled_call_frees_its_stream(vocoder, codes):
     assert first.pcm.sample_offset == 0
     assert service.engine.stats().live_streams == 1
     call.cancel()
-    for _ in range(100):
-        if service.engine.stats().live_streams == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert service.engine.stats().live_streams == 0
+    await until_no_live_streams(service.engine)
 
 
 @pytest.mark.parametrize("ending", ["client gone", "call cancelled", "stream abandoned"])
