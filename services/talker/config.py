@@ -53,6 +53,11 @@ class TalkerConfig(ServiceConfig):
     compile_step: bool = option(
         True, "torch.compile the decode step's layers and sampling on CUDA (fewer kernels; ~1 min longer warm-up)."
     )
+    few_rows_matmul: bool = option(
+        False,
+        "With compile_step on CUDA: the decode step's projections of at most 4 rows (batch 1 to 4) run through "
+        "chorus's Triton kernel, autotuned at warm-up, instead of cuBLAS.",
+    )
     cache_dir: str = option("~/.cache/chorus", "Where generated files (the tiny checkpoint, tokenizers) are kept.")
 
     def __post_init__(self) -> None:

@@ -268,6 +268,7 @@ class TalkerService(Service):
             max_prefills_per_step=config.max_prefills_per_step,
             use_cuda_graphs=config.use_cuda_graphs,
             compile_step=config.compile_step,
+            few_rows_matmul=config.few_rows_matmul,
             stream_priority=self.stream_priority,
         )
         engine = TalkerEngine(loaded, engine_config)

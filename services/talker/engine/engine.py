@@ -66,6 +66,7 @@ class EngineConfig:
     max_prefills_per_step: int = 16
     use_cuda_graphs: bool = True
     compile_step: bool = False
+    few_rows_matmul: bool = False  # with compile_step on CUDA: projections of ≤ 4 rows through a Triton kernel
     stream_priority: int | None = None  # run on a CUDA stream of this priority (None: the default stream)
     kv_memory_fraction: float = 0.5  # leaves the rest to graphs and the engines beside it on the same GPU
 
@@ -113,6 +114,7 @@ class TalkerEngine:
             config.use_cuda_graphs,
             config.compile_step,
             kv_cache_positions,
+            config.few_rows_matmul,
         )
         self.kv_blocks = self.runner.kv_blocks
         pad_id = self.model_config.text_ids.tts_pad

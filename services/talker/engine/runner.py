@@ -99,8 +99,10 @@ class TalkerRunner:
         use_cuda_graphs: bool = False,
         compile_step: bool = False,
         kv_cache_positions: int = 0,
+        few_rows_matmul: bool = False,
     ):
-        """`kv_cache_positions`: the talker's KV pool, shared by all slots (0: every slot's `max_positions`)."""
+        """`kv_cache_positions`: the talker's KV pool, shared by all slots (0: every slot's `max_positions`).
+        `few_rows_matmul`: with `compile_step`, projections of at most 4 rows take `few_rows_matmul` (CUDA)."""
         self.model = model
         self.config = model.config
         weight = model.talker.codec_head.weight
@@ -164,7 +166,7 @@ class TalkerRunner:
         self._launches = 0
         self._sample_code0, self._sample_code = sample_code0, sample_code
         if compile_step and self.device.type == "cuda":
-            self._compile()
+            self._compile(few_rows_matmul)
         # The Triton decode kernels attend only the positions each row has written: one length fits every step,
         # so there is one graph per batch bucket. The PyTorch path attends a length bucket ≥ every position.
         uses_kernels = model.talker.model.decode_kernels is not None
@@ -178,13 +180,13 @@ class TalkerRunner:
         if self.device.type == "cuda":
             self.padded_prefill = PaddedPrefill(model.talker.model, self.talker_cache, self.graphs is not None)
 
-    def _compile(self) -> None:
+    def _compile(self, few_rows_matmul: bool) -> None:
         # Each compiled function is specialised per shape class (batch 1 or more, 1 or 2 tokens, prefill) and
         # codebook index, so allow more entries than the default before dynamo falls back to eager.
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         talker = self.model.talker
-        talker.model.optimize_for_decode()
-        talker.code_predictor.model.optimize_for_decode()
+        talker.model.optimize_for_decode(few_rows_matmul)
+        talker.code_predictor.model.optimize_for_decode(few_rows_matmul)
         self._sample_code0 = torch.compile(sample_code0, dynamic=True, fullgraph=True)
         self._sample_code = torch.compile(sample_code, dynamic=True, fullgraph=True)
 

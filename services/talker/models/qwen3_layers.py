@@ -243,9 +243,11 @@ class Qwen3DecoderStack(nn.Module):
         """Whether a forward of `num_tokens` per row takes the Triton decode path (and so a paged cache)."""
         return self.decode_kernels is not None and num_tokens <= self.decode_kernels.MAX_DECODE_TOKENS
 
-    def optimize_for_decode(self) -> None:
+    def optimize_for_decode(self, few_rows_matmul: bool = False) -> None:
         """Fuse projections and `torch.compile` what decode steps run (CUDA serving). Fusing element-wise work
         turns ~70 small kernels per layer into ~10, which is what bounds a decode step at small batch.
+        `few_rows_matmul`: the layers' projections take `few_rows_matmul.FewRowsLinear` on CUDA (a Triton kernel
+        for at most 4 rows: a small batch's decode step).
 
         The halves of the shared path (prefills, and decode steps where the Triton kernels of `decode_kernels` do
         not apply) are compiled; with the kernels, decode steps take their own path, whose output half is compiled
@@ -260,6 +262,8 @@ class Qwen3DecoderStack(nn.Module):
         for layer in self.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
+            if few_rows_matmul and self.norm.weight.device.type == "cuda":
+                _take_few_rows_matmul(layer)
             if self.decode_kernels is not None:
                 layer.decode_kernels = self.decode_kernels
                 layer.decode_output_and_mlp = torch.compile(layer.output_and_mlp, dynamic=True, fullgraph=True)
@@ -267,6 +271,14 @@ class Qwen3DecoderStack(nn.Module):
             layer.attention_and_mlp = torch.compile(layer.attention_and_mlp, dynamic=True, fullgraph=True)
         first_norm = self.layers[0].input_layernorm
         first_norm.forward = torch.compile(first_norm.forward, dynamic=True, fullgraph=True)
+
+
+def _take_few_rows_matmul(layer: Qwen3DecoderLayer) -> None:
+    from chorus.talker.models.few_rows_matmul import FewRowsLinear
+
+    attention, mlp = layer.self_attn, layer.mlp
+    attention.qkv_proj, attention.o_proj = FewRowsLinear(attention.qkv_proj), FewRowsLinear(attention.o_proj)
+    mlp.gate_up_proj, mlp.down_proj = FewRowsLinear(mlp.gate_up_proj), FewRowsLinear(mlp.down_proj)
 
 
 def _decode_kernels_for(attention: Qwen3Attention, weight: torch.Tensor):
