@@ -8,10 +8,14 @@ row (`nvjet_sm90_tst_64x8_…`, and for the MLP's down projection split-K plus a
 How: one program per BLOCK_N output columns streams those columns' weight rows once along K and multiplies them
 with every input row at once (the rows are few, so the products stay in registers), accumulating in fp32 and
 rounding once to the activation dtype, as cuBLAS does; only the order of the additions differs. Small BLOCK_N gives
-enough programs to fill the GPU without splitting K. The block sizes are autotuned per (rows, N, K) on first use,
-which the engine's warm-up reaches before it captures its CUDA graphs. Tuning times each candidate on the current
-stream with the L2 cache flushed (a decode step's weights never stay in it) and synchronises only that stream: in
-the speech process the vocoder may be capturing a graph on another thread meanwhile.
+enough programs to fill the GPU without splitting K.
+
+Tuning: on the first call of each (rows, N, K, dtype), which the engine's warm-up reaches before it captures its
+CUDA graphs, the block sizes are autotuned and the tuned kernel is timed against cuBLAS; the faster of the two serves
+that shape from then on, so a shape where the kernel loses keeps cuBLAS. Timing runs on the current stream, from a
+cold L2 cache (a decode step's weights never stay in it), behind a GPU-side wait so that the host's launch latency
+(~0.1 ms for a Triton launch from Python, far more than the kernel) is not measured, and it synchronises only that
+stream: in the speech process the vocoder may be capturing a graph on another thread meanwhile.
 
 `few_rows_matmul` is a `torch.library.custom_op` with a fake implementation, so compiled code keeps it as one call
 and CUDA graphs capture its single launch.
@@ -24,6 +28,7 @@ import triton
 import triton.language as tl
 
 MAX_ROWS = 4  # past a few rows cuBLAS's tiles are no longer mostly empty
+HOST_LEAD_CYCLES = 20_000_000  # ~10 ms of GPU clock: time for the host to queue every timed run behind it
 
 
 def _configs() -> list[triton.Config]:
@@ -49,6 +54,7 @@ def time_on_current_stream(run, quantiles=None, num_runs: int = 20) -> list[floa
     flush = torch.empty(64 * 2**20, dtype=torch.int8, device="cuda")  # larger than an H100's or H200's L2
     run()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(num_runs)]
+    torch.cuda._sleep(HOST_LEAD_CYCLES)
     for start, end in events:
         flush.zero_()
         start.record(stream)
@@ -98,14 +104,30 @@ def _few_rows_matmul_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
+# (rows, N, K, dtype) → whether the kernel measured faster than cuBLAS there.
+_USES_KERNEL: dict[tuple[int, int, int, torch.dtype], bool] = {}
+
+
 @torch.library.custom_op("chorus::few_rows_matmul", mutates_args=())
 def few_rows_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`x [M, K] @ weight [N, K]ᵀ` → `[M, N]` in x's dtype, for 1 ≤ M ≤ MAX_ROWS."""
+    """`x [M, K] @ weight [N, K]ᵀ` → `[M, N]` in x's dtype, for 1 ≤ M ≤ MAX_ROWS, by the faster of the kernel and
+    cuBLAS for this shape (see the module's docstring)."""
     num_rows, depth = x.shape
-    num_cols = weight.shape[0]
     assert 1 <= num_rows <= MAX_ROWS and weight.shape[1] == depth and x.dtype == weight.dtype
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    shape = (num_rows, weight.shape[0], depth, x.dtype)
+    if shape not in _USES_KERNEL:
+        if torch.cuda.is_current_stream_capturing():  # no timing inside a capture: cuBLAS, decided later
+            return torch.nn.functional.linear(x, weight)
+        kernel_ms = time_on_current_stream(lambda: _launch(x, weight))[0]  # autotunes first
+        _USES_KERNEL[shape] = kernel_ms < time_on_current_stream(lambda: torch.nn.functional.linear(x, weight))[0]
+    return _launch(x, weight) if _USES_KERNEL[shape] else torch.nn.functional.linear(x, weight)
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    num_rows, depth = x.shape
+    num_cols = weight.shape[0]
     out = x.new_empty(num_rows, num_cols)
     block_m = triton.next_power_of_2(num_rows)
     grid = lambda meta: (triton.cdiv(num_cols, meta["BLOCK_N"]),)  # noqa: E731 — Triton's launch-grid idiom
