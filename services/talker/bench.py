@@ -96,7 +96,7 @@ def measure_ours(args: argparse.Namespace, device: torch.device, dtype: torch.dt
             max_prefills_per_step=batch_size,
             use_cuda_graphs=not args.eager,
             compile_step=not args.no_compile,
-            few_rows_matmul=args.few_rows_matmul,
+            few_rows_matmul=not args.no_few_rows_matmul,
         )
         engine = TalkerEngine(loaded, config)
         if device.type == "cuda":
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--no-compile", action="store_true", help="no torch.compile of the decode step")
     parser.add_argument(
-        "--few-rows-matmul", action="store_true", help="projections of at most 4 rows through chorus's Triton kernel"
+        "--no-few-rows-matmul", action="store_true", help="cuBLAS for every projection (no few_rows_matmul)"
     )
     parser.add_argument("--reference-script", type=Path, default=BASELINE_SCRIPT)
     parser.add_argument("--skip-reference", action="store_true")
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
             "frames_per_request": args.frames,
             "cuda_graphs": not args.eager and device.type == "cuda",
             "compiled_step": not args.no_compile and device.type == "cuda",
-            "few_rows_matmul": args.few_rows_matmul and not args.no_compile and device.type == "cuda",
+            "few_rows_matmul": not args.no_few_rows_matmul and not args.no_compile and device.type == "cuda",
             "weights": "dummy (random)",
         },
         "ours": ours,

@@ -54,9 +54,9 @@ class TalkerConfig(ServiceConfig):
         True, "torch.compile the decode step's layers and sampling on CUDA (fewer kernels; ~1 min longer warm-up)."
     )
     few_rows_matmul: bool = option(
-        False,
-        "With compile_step on CUDA: the decode step's projections of at most 4 rows (batch 1 to 4) run through "
-        "chorus's Triton kernel, autotuned at warm-up, instead of cuBLAS.",
+        True,
+        "With compile_step on CUDA: the decode step's projections at batch 1 and 2 run through chorus's Triton kernel "
+        "for one or two rows instead of cuBLAS (a step at batch 1 took 9 % less time on an H100).",
     )
     cache_dir: str = option("~/.cache/chorus", "Where generated files (the tiny checkpoint, tokenizers) are kept.")
 

@@ -99,10 +99,10 @@ class TalkerRunner:
         use_cuda_graphs: bool = False,
         compile_step: bool = False,
         kv_cache_positions: int = 0,
-        few_rows_matmul: bool = False,
+        few_rows_matmul: bool = True,
     ):
         """`kv_cache_positions`: the talker's KV pool, shared by all slots (0: every slot's `max_positions`).
-        `few_rows_matmul`: with `compile_step`, projections of at most 4 rows take `few_rows_matmul` (CUDA)."""
+        `few_rows_matmul`: with `compile_step`, projections of at most 2 rows take `few_rows_matmul` (CUDA)."""
         self.model = model
         self.config = model.config
         weight = model.talker.codec_head.weight

@@ -1,21 +1,22 @@
-"""`x @ weightᵀ` for a few rows of `x` (at most MAX_ROWS), the decode step's projections at small batch on CUDA.
+"""`x @ weightᵀ` for one or two rows of `x`, the decode step's projections at batch 1 and 2 on CUDA.
 
 Why: at batch 1 a decode step's ~430 projections are bound by reading their weights, yet cuBLAS's kernels for one
 row (`nvjet_sm90_tst_64x8_…`, and for the MLP's down projection split-K plus a reduce kernel) took 2.6 of the step's
-3.9 ms of GPU time on an H100, reading the weights at ~1.4 TB/s, under half its bandwidth
-(bench/results/kernels-20261126-104549).
+3.9 ms of GPU time on an H100 (bench/results/kernels-20261126-104549).
 
 How: one program per BLOCK_N output columns streams those columns' weight rows once along K and multiplies them
 with every input row at once (the rows are few, so the products stay in registers), accumulating in fp32 and
-rounding once to the activation dtype, as cuBLAS does; only the order of the additions differs. Small BLOCK_N gives
-enough programs to fill the GPU without splitting K.
+rounding once to the activation dtype, as cuBLAS does; only the order of the additions differs. A small BLOCK_N
+gives enough programs to fill the GPU without splitting K.
 
-Tuning: on the first call of each (rows, N, K, dtype), which the engine's warm-up reaches before it captures its
-CUDA graphs, the block sizes are autotuned and the tuned kernel is timed against cuBLAS; the faster of the two serves
-that shape from then on, so a shape where the kernel loses keeps cuBLAS. Timing runs on the current stream, from a
-cold L2 cache (a decode step's weights never stay in it), behind a GPU-side wait so that the host's launch latency
-(~0.1 ms for a Triton launch from Python, far more than the kernel) is not measured, and it synchronises only that
-stream: in the speech process the vocoder may be capturing a graph on another thread meanwhile.
+Measured on an H100 at the 0.6B decode shapes (QKV 4096×1024, output 1024×2048, gate-up 6144×1024, down 1024×3072,
+heads 3072×1024 and 2048×1024), GPU time from a cold L2 cache: at one row the kernel took 7.3–10.5 µs where cuBLAS
+took 8.4–11.1 µs, faster on every shape; at two rows it ranged from 2 % slower to 11 % faster; at four rows cuBLAS
+was 3–35 % faster, so MAX_ROWS is 2. Per-shape tuning picked BLOCK_N 4 and BLOCK_K 1024 with 4 warps for most
+shapes. The whole talker step at batch 1 went from 4.30 to 3.90–3.93 ms (bench/results/talker-20261126-133902
+against -134149, tuned per shape). The block sizes are fixed rather than tuned at start-up on purpose: they set the
+order of the additions, and replicas that tuned differently would round differently, so a stream resumed on
+another replica would not continue with the same numbers.
 
 `few_rows_matmul` is a `torch.library.custom_op` with a fake implementation, so compiled code keeps it as one call
 and CUDA graphs capture its single launch.
@@ -27,50 +28,12 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_ROWS = 4  # past a few rows cuBLAS's tiles are no longer mostly empty
-HOST_LEAD_CYCLES = 20_000_000  # ~10 ms of GPU clock: time for the host to queue every timed run behind it
+MAX_ROWS = 2
+BLOCK_N = 4
+MAX_BLOCK_K = 1024
+NUM_WARPS = 4
 
 
-def _configs() -> list[triton.Config]:
-    return [
-        triton.Config({"BLOCK_N": block_n, "BLOCK_K": block_k}, num_warps=num_warps)
-        for block_n in (4, 8, 16)
-        for block_k in (256, 512, 1024)
-        for num_warps in (4, 8)
-    ]
-
-
-def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    """Keeps the configs whose product tile (rows × BLOCK_N × BLOCK_K fp32 values) is at most 64 values a thread."""
-    rows = triton.next_power_of_2(named_args["num_rows"])
-    fitting = [c for c in configs if rows * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] <= 64 * 32 * c.num_warps]
-    return fitting or configs[:1]
-
-
-def time_on_current_stream(run, quantiles=None, num_runs: int = 20) -> list[float]:
-    """Median milliseconds of `run()` from a cold L2 cache (Triton's `do_bench` contract: one value per quantile
-    asked, here the median for each), synchronising only the current stream."""
-    stream = torch.cuda.current_stream()
-    flush = torch.empty(64 * 2**20, dtype=torch.int8, device="cuda")  # larger than an H100's or H200's L2
-    run()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(num_runs)]
-    torch.cuda._sleep(HOST_LEAD_CYCLES)
-    for start, end in events:
-        flush.zero_()
-        start.record(stream)
-        run()
-        end.record(stream)
-    stream.synchronize()
-    median_ms = sorted(start.elapsed_time(end) for start, end in events)[num_runs // 2]
-    return [median_ms] * len(quantiles or (0.5,))
-
-
-@triton.autotune(
-    configs=_configs(),
-    key=["num_rows", "num_cols", "depth"],
-    prune_configs_by={"early_config_prune": _prune},
-    do_bench=time_on_current_stream,
-)
 @triton.jit
 def _few_rows_matmul_kernel(
     x_ptr,
@@ -104,35 +67,29 @@ def _few_rows_matmul_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-# (rows, N, K, dtype) → whether the kernel measured faster than cuBLAS there.
-_USES_KERNEL: dict[tuple[int, int, int, torch.dtype], bool] = {}
-
-
 @torch.library.custom_op("chorus::few_rows_matmul", mutates_args=())
 def few_rows_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`x [M, K] @ weight [N, K]ᵀ` → `[M, N]` in x's dtype, for 1 ≤ M ≤ MAX_ROWS, by the faster of the kernel and
-    cuBLAS for this shape (see the module's docstring)."""
+    """`x [M, K] @ weight [N, K]ᵀ` → `[M, N]` in x's dtype, for 1 ≤ M ≤ MAX_ROWS."""
     num_rows, depth = x.shape
+    num_cols = weight.shape[0]
     assert 1 <= num_rows <= MAX_ROWS and weight.shape[1] == depth and x.dtype == weight.dtype
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
-    shape = (num_rows, weight.shape[0], depth, x.dtype)
-    if shape not in _USES_KERNEL:
-        if torch.cuda.is_current_stream_capturing():  # no timing inside a capture: cuBLAS, decided later
-            return torch.nn.functional.linear(x, weight)
-        kernel_ms = time_on_current_stream(lambda: _launch(x, weight))[0]  # autotunes first
-        _USES_KERNEL[shape] = kernel_ms < time_on_current_stream(lambda: torch.nn.functional.linear(x, weight))[0]
-    return _launch(x, weight) if _USES_KERNEL[shape] else torch.nn.functional.linear(x, weight)
-
-
-def _launch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    num_rows, depth = x.shape
-    num_cols = weight.shape[0]
     out = x.new_empty(num_rows, num_cols)
-    block_m = triton.next_power_of_2(num_rows)
-    grid = lambda meta: (triton.cdiv(num_cols, meta["BLOCK_N"]),)  # noqa: E731 — Triton's launch-grid idiom
-    _few_rows_matmul_kernel[grid](
-        x, weight, out, num_rows, num_cols, depth, x.stride(0), weight.stride(0), out.stride(0), BLOCK_M=block_m
+    _few_rows_matmul_kernel[(triton.cdiv(num_cols, BLOCK_N),)](
+        x,
+        weight,
+        out,
+        num_rows,
+        num_cols,
+        depth,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        BLOCK_M=triton.next_power_of_2(num_rows),
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=min(MAX_BLOCK_K, triton.next_power_of_2(depth)),
+        num_warps=NUM_WARPS,
     )
     return out
 
@@ -144,7 +101,7 @@ def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 class FewRowsLinear(torch.nn.Module):
     """A bias-free `nn.Linear` whose forward takes `few_rows_matmul` for at most MAX_ROWS rows on CUDA and
-    `F.linear` otherwise (prefills, large batches, the CPU). Shares the weight of the Linear it replaces."""
+    `F.linear` otherwise (prefills, larger batches, the CPU). Shares the weight of the Linear it replaces."""
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()

@@ -243,11 +243,11 @@ class Qwen3DecoderStack(nn.Module):
         """Whether a forward of `num_tokens` per row takes the Triton decode path (and so a paged cache)."""
         return self.decode_kernels is not None and num_tokens <= self.decode_kernels.MAX_DECODE_TOKENS
 
-    def optimize_for_decode(self, few_rows_matmul: bool = False) -> None:
+    def optimize_for_decode(self, few_rows_matmul: bool = True) -> None:
         """Fuse projections and `torch.compile` what decode steps run (CUDA serving). Fusing element-wise work
         turns ~70 small kernels per layer into ~10, which is what bounds a decode step at small batch.
         `few_rows_matmul`: the layers' projections take `few_rows_matmul.FewRowsLinear` on CUDA (a Triton kernel
-        for at most 4 rows: a small batch's decode step).
+        for at most 2 rows: a decode step at batch 1 or 2).
 
         The halves of the shared path (prefills, and decode steps where the Triton kernels of `decode_kernels` do
         not apply) are compiled; with the kernels, decode steps take their own path, whose output half is compiled
