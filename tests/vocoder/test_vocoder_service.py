@@ -141,7 +141,7 @@ async def test_a_cancelled_call_frees_its_stream(vocoder, codes):
 
 @pytest.mark.parametrize("ending", ["client gone", "call cancelled", "stream abandoned"])
 async def test_the_feeder_ends_with_the_call(codes, ending):
-    config = VocoderConfig(device="cpu", metrics_port=-1, max_streams=4, grace_s=1.0, idle_timeout_s=0.2)
+    config = VocoderConfig(device="cpu", metrics_port=-1, max_streams=4, grace_s=1.0, idle_timeout_s=1.0)
     service = VocoderService(config)
     host = ServiceHost(config, service)
     await host.start()
@@ -182,7 +182,7 @@ async def test_the_feeder_ends_with_the_call(codes, ending):
 
 
 async def test_a_cancel_of_the_call_while_it_stops_its_feeder_is_not_swallowed(codes):
-    config = VocoderConfig(device="cpu", metrics_port=-1, max_streams=4, grace_s=1.0, idle_timeout_s=0.2)
+    config = VocoderConfig(device="cpu", metrics_port=-1, max_streams=4, grace_s=1.0, idle_timeout_s=1.0)
     service = VocoderService(config)
     host = ServiceHost(config, service)
     await host.start()
