@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import platform
 import sys
@@ -44,30 +45,36 @@ def encoder_threads(num_threads: int) -> ThreadPoolExecutor:
 def flush_denormals_to_zero() -> bool:
     """Makes the calling thread's float arithmetic flush denormals to zero; False where this platform is not
     supported (only the speed of silent audio depends on it)."""
-    env = _floating_point_environment()
-    if env is None:
+    control = _control_register()
+    if control is None:
         return False
-    offset, bits = _FLUSH_BITS[platform.machine()]
-    control = int.from_bytes(env.raw[offset : offset + 4], "little") | bits
-    env[offset : offset + 4] = control.to_bytes(4, "little")
+    env, offset, value, bits = control
+    env[offset : offset + 4] = (value | bits).to_bytes(4, "little")
     return _libm().fesetenv(env) == 0
 
 
 def flushes_denormals() -> bool:
     """Whether the calling thread's float arithmetic flushes denormals to zero."""
-    env = _floating_point_environment()
-    if env is None:
+    control = _control_register()
+    if control is None:
         return False
-    offset, bits = _FLUSH_BITS[platform.machine()]
-    return int.from_bytes(env.raw[offset : offset + 4], "little") & bits == bits
+    _, _, value, bits = control
+    return value & bits == bits
 
 
-def _floating_point_environment() -> ctypes.Array | None:
+def _control_register() -> tuple[ctypes.Array, int, int, int] | None:
+    """The calling thread's floating-point environment, the offset of its control register in it, that register's
+    value and its flush bits; None where this platform is not supported."""
     if sys.platform != "linux" or platform.machine() not in _FLUSH_BITS:
         return None
     env = ctypes.create_string_buffer(_FENV_BYTES)
-    return env if _libm().fegetenv(env) == 0 else None
+    if _libm().fegetenv(env) != 0:
+        return None
+    offset, bits = _FLUSH_BITS[platform.machine()]
+    return env, offset, int.from_bytes(env.raw[offset : offset + 4], "little"), bits
 
 
+@functools.cache
 def _libm() -> ctypes.CDLL:
+    """Loaded once: `find_library` runs `ldconfig` in a subprocess."""
     return ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
