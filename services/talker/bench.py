@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--no-compile", action="store_true", help="no torch.compile of the decode step")
     parser.add_argument(
-        "--no-few-rows-matmul", action="store_true", help="cuBLAS for every projection (no few_rows_matmul)"
+        "--no-few-rows-matmul", action="store_true", help="cuBLAS and compiled code at every batch (no few_rows_matmul)"
     )
     parser.add_argument("--reference-script", type=Path, default=BASELINE_SCRIPT)
     parser.add_argument("--skip-reference", action="store_true")

@@ -66,7 +66,7 @@ class EngineConfig:
     max_prefills_per_step: int = 16
     use_cuda_graphs: bool = True
     compile_step: bool = False
-    few_rows_matmul: bool = True  # with compile_step on CUDA: projections of ≤ 2 rows through a Triton kernel
+    few_rows_matmul: bool = True  # with compile_step on CUDA: decode steps of ≤ 2 rows through fused Triton kernels
     stream_priority: int | None = None  # run on a CUDA stream of this priority (None: the default stream)
     kv_memory_fraction: float = 0.5  # leaves the rest to graphs and the engines beside it on the same GPU
 

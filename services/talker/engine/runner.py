@@ -102,7 +102,7 @@ class TalkerRunner:
         few_rows_matmul: bool = True,
     ):
         """`kv_cache_positions`: the talker's KV pool, shared by all slots (0: every slot's `max_positions`).
-        `few_rows_matmul`: with `compile_step`, projections of at most 2 rows take `few_rows_matmul` (CUDA)."""
+        `few_rows_matmul`: with `compile_step`, decode steps of at most 2 rows take `few_rows_matmul` (CUDA)."""
         self.model = model
         self.config = model.config
         weight = model.talker.codec_head.weight

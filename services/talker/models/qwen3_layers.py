@@ -186,9 +186,32 @@ class Qwen3DecoderLayer(nn.Module):
     def _decode(self, x, normed, positions, kv_cache, block_table, next_norm_weight):
         """`forward` for a decode step on CUDA: projection, then the two Triton kernels (norm, rotation and cache
         write; attention over the written positions), then the compiled output half."""
-        attention, kernels = self.self_attn, self.decode_kernels
-        queries = kernels.qk_norm_rope_store(
-            attention.qkv_proj(normed),
+        queries = self._queries(self.self_attn.qkv_proj(normed), positions, kv_cache, block_table)
+        attended = self.decode_kernels.decode_attention(queries, kv_cache, block_table, positions)
+        return self.decode_output_and_mlp(x, attended, next_norm_weight)
+
+    def decode_few_rows(self, x, positions, kv_cache, block_table):
+        """A decode step of at most `few_rows_matmul.MAX_ROWS` rows (batch × tokens) on CUDA: the residual stream
+        `x [B, T, H]` after this layer, in six launches. The norms fuse into the projections that read their output,
+        the residual adds into those that write the stream, SwiGLU into the gate-up projection."""
+        from chorus.talker.models.few_rows_matmul import few_rows_matmul
+
+        batch, num_tokens, hidden_size = x.shape
+        attention, mlp, eps = self.self_attn, self.mlp, self.input_layernorm.eps
+        rows = x.reshape(batch * num_tokens, hidden_size)
+        qkv = few_rows_matmul(rows, attention.qkv_proj.weight, self.input_layernorm.weight, eps)
+        queries = self._queries(qkv.view(batch, num_tokens, -1), positions, kv_cache, block_table)
+        attended = self.decode_kernels.decode_attention(queries, kv_cache, block_table, positions)
+        rows = few_rows_matmul(attended.view(len(rows), -1), attention.o_proj.weight, residual=rows)
+        weight, norm_weight = mlp.gate_up_proj.weight, self.post_attention_layernorm.weight
+        activations = few_rows_matmul(rows, weight, norm_weight, eps, swiglu=True)
+        return few_rows_matmul(activations, mlp.down_proj.weight, residual=rows).view_as(x)
+
+    def _queries(self, qkv, positions, kv_cache, block_table):
+        """Normalised, rotated queries of `qkv [B, T, (heads + 2 kv_heads) D]`; its keys and values into the cache."""
+        attention = self.self_attn
+        return self.decode_kernels.qk_norm_rope_store(
+            qkv,
             attention.q_norm.weight,
             attention.k_norm.weight,
             positions,
@@ -198,8 +221,6 @@ class Qwen3DecoderLayer(nn.Module):
             attention.q_norm.eps,
             attention.rope_theta,
         )
-        attended = kernels.decode_attention(queries, kv_cache, block_table, positions)
-        return self.decode_output_and_mlp(x, attended, next_norm_weight)
 
 
 class Qwen3DecoderStack(nn.Module):
@@ -212,6 +233,7 @@ class Qwen3DecoderStack(nn.Module):
         self.norm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.optimized = False
         self.decode_kernels = None  # set by `optimize_for_decode` where the Triton decode kernels apply
+        self.few_rows_matmul = None  # the `few_rows_matmul` module where decode steps of few rows take it
 
     def forward(
         self,
@@ -229,6 +251,12 @@ class Qwen3DecoderStack(nn.Module):
         head_dim]` with `block_table [B, blocks per row]`, and attend each row's written positions whatever
         `attended_length` says.
         """
+        few_rows = self.few_rows_matmul is not None and positions.numel() <= self.few_rows_matmul.MAX_ROWS
+        if few_rows and self.uses_kernels(positions.shape[1]):
+            x = inputs_embeds
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                x = layer.decode_few_rows(x, positions, kv_cache, block_table)
+            return self.norm(x)
         attend_mask = None
         if not self.uses_kernels(positions.shape[1]):
             key_positions = torch.arange(attended_length, device=positions.device)
@@ -246,8 +274,8 @@ class Qwen3DecoderStack(nn.Module):
     def optimize_for_decode(self, few_rows_matmul: bool = True) -> None:
         """Fuse projections and `torch.compile` what decode steps run (CUDA serving). Fusing element-wise work
         turns ~70 small kernels per layer into ~10, which is what bounds a decode step at small batch.
-        `few_rows_matmul`: the layers' projections take `few_rows_matmul.FewRowsLinear` on CUDA (a Triton kernel
-        for at most 2 rows: a decode step at batch 1 or 2).
+        `few_rows_matmul`: decode steps of at most `few_rows_matmul.MAX_ROWS` rows (batch × tokens) take
+        `Qwen3DecoderLayer.decode_few_rows`, six Triton kernels a layer, instead of cuBLAS and compiled code.
 
         The halves of the shared path (prefills, and decode steps where the Triton kernels of `decode_kernels` do
         not apply) are compiled; with the kernels, decode steps take their own path, whose output half is compiled
@@ -259,26 +287,20 @@ class Qwen3DecoderStack(nn.Module):
             return
         self.optimized = True
         self.decode_kernels = _decode_kernels_for(self.layers[0].self_attn, self.norm.weight)
+        if few_rows_matmul and self.decode_kernels is not None:
+            from chorus.talker.models import few_rows_matmul as few_rows_module
+
+            self.few_rows_matmul = few_rows_module
         for layer in self.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
-            if few_rows_matmul and self.norm.weight.device.type == "cuda":
-                _take_few_rows_matmul(layer)
             if self.decode_kernels is not None:
                 layer.decode_kernels = self.decode_kernels
                 layer.decode_output_and_mlp = torch.compile(layer.output_and_mlp, dynamic=True, fullgraph=True)
             layer.attention_inputs = torch.compile(layer.attention_inputs, dynamic=True, fullgraph=True)
             layer.attention_and_mlp = torch.compile(layer.attention_and_mlp, dynamic=True, fullgraph=True)
-        first_norm = self.layers[0].input_layernorm
-        first_norm.forward = torch.compile(first_norm.forward, dynamic=True, fullgraph=True)
-
-
-def _take_few_rows_matmul(layer: Qwen3DecoderLayer) -> None:
-    from chorus.talker.models.few_rows_matmul import FewRowsLinear
-
-    attention, mlp = layer.self_attn, layer.mlp
-    attention.qkv_proj, attention.o_proj = FewRowsLinear(attention.qkv_proj), FewRowsLinear(attention.o_proj)
-    mlp.gate_up_proj, mlp.down_proj = FewRowsLinear(mlp.gate_up_proj), FewRowsLinear(mlp.down_proj)
+        for norm in (self.layers[0].input_layernorm, self.norm):  # the stack's first and, after few rows, last
+            norm.forward = torch.compile(norm.forward, dynamic=True, fullgraph=True)
 
 
 def _decode_kernels_for(attention: Qwen3Attention, weight: torch.Tensor):
