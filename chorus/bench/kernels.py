@@ -27,7 +27,7 @@ from chorus.bench.report import commit
 from chorus.bench_png import write_stacked_bars
 
 FAMILIES = (  # first match wins; the order is the PNG's, bottom-up
-    ("matmul", re.compile(r"gemm|gemv|nvjet|cutlass|sm\d+_xmma|splitK|ampere_|hopper_", re.I)),
+    ("matmul", re.compile(r"gemm|gemv|matmul|nvjet|cutlass|sm\d+_xmma|splitK|ampere_|hopper_", re.I)),
     ("attention", re.compile(r"attn|attention|flash|fmha|paged", re.I)),
     ("sort_scan", re.compile(r"sort|scan|cub::|cumsum|topk|radix", re.I)),
     ("fused", re.compile(r"^triton_|rope", re.I)),
