@@ -28,6 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
+from chorus.talker.models import pdl
+from chorus.talker.models.pdl import wait_for_previous_kernel
+
 MAX_DECODE_TOKENS = 2  # the code predictor's first step feeds 2 tokens; every other decode step 1
 
 
@@ -67,7 +70,9 @@ def _qk_norm_rope_store_kernel(
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     row_token = tl.program_id(0)
     head = tl.program_id(1)
     row = row_token // num_tokens
@@ -145,7 +150,9 @@ def qk_norm_rope_store(
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
+        PDL=pdl.enabled(qkv),
         num_warps=1,
+        launch_pdl=pdl.enabled(qkv),
     )
     return queries
 
@@ -175,7 +182,9 @@ def _decode_attention_kernel(
     NUM_BLOCKS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     # Query rows of this key head: (group member g, token t) → g * T + t; padded to a tensor-core tile.
@@ -246,6 +255,8 @@ def decode_attention(
         NUM_BLOCKS=block_table.shape[1],
         BLOCK_SIZE=block_size,
         PRECISION=_DOT_PRECISION[queries.dtype],
+        PDL=pdl.enabled(queries),
         num_warps=4,
+        launch_pdl=pdl.enabled(queries),
     )
     return out

@@ -35,6 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
+from chorus.talker.models import pdl
+from chorus.talker.models.pdl import wait_for_previous_kernel
+
 MAX_ROWS = 2
 BLOCK_N = 4
 MAX_BLOCK_K = 1024
@@ -62,12 +65,17 @@ def _few_rows_matmul_kernel(
     NORM: tl.constexpr,
     SWIGLU: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     dtype = out_ptr.dtype.element_ty
     rows = tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < num_rows, cols < num_cols
     x_rows = x_ptr + rows[:, None] * stride_x_row
+    weight_rows = weight_ptr + cols[:, None] * stride_weight_col
+    # The first block of weights is read before waiting for the kernel before: see `pdl`.
+    weight, up = _weights(weight_rows, num_cols * stride_weight_col, tl.arange(0, BLOCK_K), col_ok, depth, SWIGLU)
+    wait_for_previous_kernel(PDL)
     if NORM:  # each row's 1 / RMS over the whole depth, in fp32
         squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for start in range(0, depth, BLOCK_K):
@@ -84,13 +92,10 @@ def _few_rows_matmul_kernel(
         if NORM:  # normalised, rounded, then scaled and rounded again: `qwen3_layers.rms_norm`
             scale = tl.load(norm_weight_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
             x = ((x * inv_rms[:, None]).to(dtype).to(tl.float32) * scale[None, :]).to(dtype).to(tl.float32)
-        weight_mask = col_ok[:, None] & k_ok[None, :]
-        weight_rows = weight_ptr + cols[:, None] * stride_weight_col + ks[None, :]
-        weight = tl.load(weight_rows, mask=weight_mask, other=0.0).to(tl.float32)
         acc += tl.sum(x[:, None, :] * weight[None, :, :], axis=2)
-        if SWIGLU:  # the up projection's rows of the same columns, num_cols rows further
-            up = tl.load(weight_rows + num_cols * stride_weight_col, mask=weight_mask, other=0.0).to(tl.float32)
+        if SWIGLU:
             up_acc += tl.sum(x[:, None, :] * up[None, :, :], axis=2)
+        weight, up = _weights(weight_rows, num_cols * stride_weight_col, ks + BLOCK_K, col_ok, depth, SWIGLU)
     out = acc.to(dtype).to(tl.float32)
     if SWIGLU:
         silu = (out * tl.sigmoid(out)).to(dtype).to(tl.float32)
@@ -100,6 +105,18 @@ def _few_rows_matmul_kernel(
         residual = tl.load(residual_ptr + rows[:, None] * stride_residual_row + cols[None, :], mask=out_mask)
         out = out + residual.to(tl.float32)
     tl.store(out_ptr + rows[:, None] * stride_out_row + cols[None, :], out.to(dtype), mask=out_mask)
+
+
+@triton.jit
+def _weights(weight_rows, up_offset, ks, col_ok, depth, SWIGLU: tl.constexpr):
+    """The block `ks` of the program's weight rows in fp32 (zeros past `depth`: a block past the last reads
+    nothing), and with SWIGLU the up projection's rows of the same columns, `up_offset` further."""
+    mask = col_ok[:, None] & (ks < depth)[None, :]
+    weight = tl.load(weight_rows + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+    up = weight
+    if SWIGLU:
+        up = tl.load(weight_rows + up_offset + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+    return weight, up
 
 
 def few_rows_matmul(
@@ -121,6 +138,7 @@ def few_rows_matmul(
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     out = x.new_empty(num_rows, num_cols)
+    uses_pdl = pdl.enabled(x)
     _few_rows_matmul_kernel[(triton.cdiv(num_cols, BLOCK_N),)](
         x,
         weight,
@@ -141,6 +159,8 @@ def few_rows_matmul(
         NORM=norm_weight is not None,
         SWIGLU=swiglu,
         RESIDUAL=residual is not None,
+        PDL=uses_pdl,
         num_warps=NUM_WARPS,
+        launch_pdl=uses_pdl,
     )
     return out
