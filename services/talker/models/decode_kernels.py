@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from chorus.talker.models import pdl
-from chorus.talker.models.pdl import wait_for_previous_kernel
+from chorus.talker.models.pdl import let_next_kernel_start, wait_for_previous_kernel
 
 MAX_DECODE_TOKENS = 2  # the code predictor's first step feeds 2 tokens; every other decode step 1
 
@@ -73,6 +73,7 @@ def _qk_norm_rope_store_kernel(
     PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
+    let_next_kernel_start(PDL)  # a few programs, and the attention after them has nothing to read before it waits
     row_token = tl.program_id(0)
     head = tl.program_id(1)
     row = row_token // num_tokens
@@ -221,6 +222,7 @@ def _decode_attention_kernel(
             v = tl.load(values_ptr + offsets, mask=is_written[:, None], other=0.0)
             acc = acc * correction[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
             running_max = new_max
+    let_next_kernel_start(PDL)
     out = acc / running_sum[:, None]
     out_offsets = row * stride_out_row + token * stride_out_token + head * HEAD_DIM
     tl.store(out_ptr + out_offsets[:, None] + dims[None, :], out.to(q.dtype), mask=is_query[:, None])
