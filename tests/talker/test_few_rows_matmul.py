@@ -107,7 +107,8 @@ def test_on_cuda_it_rounds_where_the_layer_rounds(num_rows, fusion):
 @pytest.mark.parametrize("batch", range(1, MAX_ROWS + 1))
 def test_a_stack_decodes_through_it_as_through_the_unfused_kernel_path(batch):
     """Decode steps of `batch` rows (the code predictor's first step feeds 2 tokens a row, within MAX_ROWS at batch
-    1) through `decode_few_rows` give the hidden states and cache entries of the unfused decode path."""
+    1) through `decode_few_rows` give the hidden states and cache entries of the unfused decode path, and a head
+    after the stack with the final norm fused in (`norm_and_project`) the logits of the norm then the head."""
     from chorus.talker.models import decode_kernels
     from chorus.talker.models import few_rows_matmul as few_rows_module
     from chorus.talker.models.qwen3_layers import Qwen3BlockConfig, Qwen3DecoderStack
@@ -128,14 +129,23 @@ def test_a_stack_decodes_through_it_as_through_the_unfused_kernel_path(batch):
     tokens_per_step = [2, 1, 1] if batch == 1 else [1, 1, 1]
     inputs = [torch.randn(batch, num_tokens, config.hidden_size, device=DEVICE) for num_tokens in tokens_per_step]
 
+    head = torch.randn(24, config.hidden_size, device=DEVICE) * config.hidden_size**-0.5  # a head after the stack
+
     def decode(few_rows):
+        """Per step the hidden states and the head's logits of the last token; the caches after the steps."""
         stack.few_rows_matmul = few_rows
         caches = torch.zeros(config.num_hidden_layers, 2, 1 + batch, 2, 16, 16, device=DEVICE)
         outputs, position = [], 0
         with torch.inference_mode():
             for embeds in inputs:
                 positions = torch.arange(position, position + embeds.shape[1], device=DEVICE).repeat(batch, 1)
-                outputs.append(stack(embeds, positions, list(caches), 16, table))
+                assert stack.takes_few_rows(positions) == (few_rows is not None)
+                if few_rows is None:
+                    hidden = stack(embeds, positions, list(caches), 16, table)
+                    outputs.append((hidden, F.linear(hidden[:, -1], head)))
+                else:
+                    residual = stack.few_rows_residual(embeds, positions, list(caches), table)
+                    outputs.append((stack.norm(residual), stack.norm_and_project(residual[:, -1], head)))
                 position += embeds.shape[1]
         return outputs, caches
 

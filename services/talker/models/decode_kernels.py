@@ -18,6 +18,7 @@ holding the longest request's worth. A cache of one block per row (`block_table[
 
 Both compute in fp32 and round where the compiled PyTorch path rounds (normalised values and cos/sin to the
 activation dtype before scaling), so replacing it changes results only at bf16 rounding level.
+Both launch with programmatic dependent launch where the GPU has it (see `pdl`).
 """
 
 from __future__ import annotations

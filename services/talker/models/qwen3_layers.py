@@ -251,12 +251,8 @@ class Qwen3DecoderStack(nn.Module):
         head_dim]` with `block_table [B, blocks per row]`, and attend each row's written positions whatever
         `attended_length` says.
         """
-        few_rows = self.few_rows_matmul is not None and positions.numel() <= self.few_rows_matmul.MAX_ROWS
-        if few_rows and self.uses_kernels(positions.shape[1]):
-            x = inputs_embeds
-            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-                x = layer.decode_few_rows(x, positions, kv_cache, block_table)
-            return self.norm(x)
+        if self.takes_few_rows(positions):
+            return self.norm(self.few_rows_residual(inputs_embeds, positions, kv_caches, block_table))
         attend_mask = None
         if not self.uses_kernels(positions.shape[1]):
             key_positions = torch.arange(attended_length, device=positions.device)
@@ -266,6 +262,23 @@ class Qwen3DecoderStack(nn.Module):
         for layer, kv_cache, next_norm_weight in zip(self.layers, kv_caches, next_norms, strict=True):
             x, normed = layer(x, normed, positions, kv_cache, attend_mask, next_norm_weight, block_table)
         return normed
+
+    def takes_few_rows(self, positions: torch.Tensor) -> bool:
+        """Whether a forward at `positions [B, T]` is a decode step through `Qwen3DecoderLayer.decode_few_rows`."""
+        few_rows = self.few_rows_matmul is not None and positions.numel() <= self.few_rows_matmul.MAX_ROWS
+        return few_rows and self.uses_kernels(positions.shape[1])
+
+    def few_rows_residual(self, inputs_embeds, positions, kv_caches, block_table) -> torch.Tensor:
+        """`forward` where `takes_few_rows`, before the final norm: the residual stream `[B, T, H]`, for a caller
+        that fuses the norm into what reads it (`few_rows_matmul`'s `norm_weight`)."""
+        x = inputs_embeds
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer.decode_few_rows(x, positions, kv_cache, block_table)
+        return x
+
+    def norm_and_project(self, residual: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """`norm(residual) @ weightᵀ` in one kernel for the few rows `[M, H]` of a `few_rows_residual`."""
+        return self.few_rows_matmul.few_rows_matmul(residual, weight, self.norm.weight, self.norm.eps)
 
     def uses_kernels(self, num_tokens: int) -> bool:
         """Whether a forward of `num_tokens` per row takes the Triton decode path (and so a paged cache)."""

@@ -73,8 +73,12 @@ class Qwen3TTSCodePredictor(nn.Module):
         Triton decode path the caches are paged (see `Qwen3DecoderStack.forward`).
         """
         projected = self.small_to_mtp_projection(inputs_embeds)
-        hidden = self.model(projected, positions, kv_caches, kv_caches[0].shape[3], block_table)
-        return self.lm_head[head_index](hidden[:, -1])
+        head, stack = self.lm_head[head_index], self.model
+        if stack.takes_few_rows(positions):  # the final norm and the head in one kernel
+            residual = stack.few_rows_residual(projected, positions, kv_caches, block_table)
+            return stack.norm_and_project(residual[:, -1], head.weight)
+        hidden = stack(projected, positions, kv_caches, kv_caches[0].shape[3], block_table)
+        return head(hidden[:, -1])
 
 
 class Qwen3TTSTalker(nn.Module):

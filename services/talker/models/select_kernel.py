@@ -23,9 +23,13 @@ import torch
 import triton
 import triton.language as tl
 
+from chorus.talker.models import pdl
+from chorus.talker.models.pdl import wait_for_previous_kernel
+
 
 @triton.jit
-def _kth_largest_kernel(scores_ptr, k_ptr, out_ptr, stride_row, num_cols, BLOCK: tl.constexpr):
+def _kth_largest_kernel(scores_ptr, k_ptr, out_ptr, stride_row, num_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_for_previous_kernel(PDL)  # launched while the kernel writing the scores ends: see `pdl`
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     in_row = cols < num_cols
@@ -53,7 +57,11 @@ def kth_largest(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     out = scores.new_empty(batch)
     if batch:
         block = triton.next_power_of_2(num_cols)  # 8 warps: 8 or 16 keys a thread at V = 2048 / 3072 (untuned)
-        _kth_largest_kernel[(batch,)](scores, k.contiguous(), out, scores.stride(0), num_cols, BLOCK=block, num_warps=8)
+        uses_pdl = pdl.enabled(scores)
+        _kth_largest_kernel[(batch,)](
+            scores, k.contiguous(), out, scores.stride(0), num_cols, BLOCK=block, PDL=uses_pdl, num_warps=8,
+            launch_pdl=uses_pdl,
+        )  # fmt: skip
     return out
 
 
