@@ -202,10 +202,11 @@ class Qwen3DecoderLayer(nn.Module):
         qkv = few_rows_matmul(rows, attention.qkv_proj.weight, self.input_layernorm.weight, eps)
         queries = self._queries(qkv.view(batch, num_tokens, -1), positions, kv_cache, block_table)
         attended = self.decode_kernels.decode_attention(queries, kv_cache, block_table, positions)
-        rows = few_rows_matmul(attended.view(len(rows), -1), attention.o_proj.weight, residual=rows)
+        attended = attended.view(len(rows), -1)
+        after_attention = few_rows_matmul(attended, attention.o_proj.weight, residual=rows)
         weight, norm_weight = mlp.gate_up_proj.weight, self.post_attention_layernorm.weight
-        activations = few_rows_matmul(rows, weight, norm_weight, eps, swiglu=True)
-        return few_rows_matmul(activations, mlp.down_proj.weight, residual=rows).view_as(x)
+        activations = few_rows_matmul(after_attention, weight, norm_weight, eps, swiglu=True)
+        return few_rows_matmul(activations, mlp.down_proj.weight, residual=after_attention).view_as(x)
 
     def _queries(self, qkv, positions, kv_cache, block_table):
         """Normalised, rotated queries of `qkv [B, T, (heads + 2 kv_heads) D]`; its keys and values into the cache."""
