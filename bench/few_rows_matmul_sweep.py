@@ -7,6 +7,14 @@ one before's output. This builds that chain with 103 layers' own weights (3.2 GB
 as in a step), captures it in one CUDA graph per candidate (BLOCK_N, BLOCK_K, warps), with and without programmatic
 dependent launch, and times graph replays: µs a frame for the whole chain and for each projection's 103 launches
 alone. Writes `bench/results/few-rows-matmul-<stamp>.json` (device, commit).
+
+Answer (H100, 8aa95fb, bench/results/few-rows-matmul-20261126-155559, one row): the fixed sizes stay. BLOCK_N 4,
+BLOCK_K 1024 and 4 warps (the committed ones) ran the chain in 2.595 ms with PDL, 2.720 without; the fastest of the
+18 candidates, 2 warps, in 2.566 / 2.687 (1 % less), and the engine bench with it was no faster (3.727 against 3.695
+ms a step at batch 1, 4.004 against 4.037 at batch 2, `talker-20261126-155703` against `-155736`). Larger column
+blocks and smaller depth blocks were slower, up to 4.2 ms. The chain spends ~6.3 µs a launch where reading the
+weights at full HBM bandwidth would take ~2.4: what is left is per-kernel latency, which another tiling does not
+remove.
 """
 
 from __future__ import annotations
