@@ -26,25 +26,16 @@ import time
 from pathlib import Path
 
 import torch
-import triton
 
 from chorus.bench.report import REPO, commit
-from chorus.talker.models.few_rows_matmul import _few_rows_matmul_kernel
+from chorus.talker.models.few_rows_matmul import launch
 
 HIDDEN, HEADS_DIM, INTERMEDIATE, LAYERS = 1024, 2048, 3072, 103
 EPS = 1e-6
 
 
-def launch(x, weight, out, config, pdl, norm=None, residual=None, swiglu=False):
-    block_n, block_k, num_warps = config
-    num_rows, depth = x.shape
-    num_cols = out.shape[1]
-    _few_rows_matmul_kernel[(triton.cdiv(num_cols, block_n),)](
-        x, weight, norm, residual, out, num_rows, num_cols, depth, EPS, x.stride(0), weight.stride(0),
-        0 if residual is None else residual.stride(0), out.stride(0), BLOCK_M=triton.next_power_of_2(num_rows),
-        BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(depth)), NORM=norm is not None, SWIGLU=swiglu,
-        RESIDUAL=residual is not None, PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
-    )  # fmt: skip
+def project(x, weight, out, config, pdl, norm=None, residual=None, swiglu=False):
+    launch(x, weight, out, norm, EPS, swiglu, residual, *config, pdl)
 
 
 class Chain:
@@ -67,13 +58,13 @@ class Chain:
     def run(self, config, pdl, only: str | None = None) -> None:
         for layer in range(LAYERS):
             if only in (None, "qkv"):
-                launch(self.x, self.qkv[layer], self.qkv_out, config, pdl, norm=self.norm)
+                project(self.x, self.qkv[layer], self.qkv_out, config, pdl, norm=self.norm)
             if only in (None, "o"):
-                launch(self.attended, self.o[layer], self.after_attention, config, pdl, residual=self.x)
+                project(self.attended, self.o[layer], self.after_attention, config, pdl, residual=self.x)
             if only in (None, "gate_up"):
-                launch(self.after_attention, self.gate_up[layer], self.activations, config, pdl, self.norm, swiglu=True)
+                project(self.after_attention, self.gate_up[layer], self.activations, config, pdl, self.norm, swiglu=True)
             if only in (None, "down"):
-                launch(self.activations, self.down[layer], self.out, config, pdl, residual=self.after_attention)
+                project(self.activations, self.down[layer], self.out, config, pdl, residual=self.after_attention)
 
 
 def time_graph(chain: Chain, config, pdl: bool, only: str | None, replays: int) -> float:

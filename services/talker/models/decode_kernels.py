@@ -132,6 +132,7 @@ def qk_norm_rope_store(
     _, _, num_kv_heads, block_size, head_dim = kv_cache.shape
     assert qkv.stride(2) == 1 and kv_cache.stride(4) == 1 and positions.is_contiguous() and block_table.stride(1) == 1
     queries = qkv.new_empty(batch, num_heads, num_tokens, head_dim)
+    uses_pdl = pdl.enabled(qkv)
     grid = (batch * num_tokens, num_heads + 2 * num_kv_heads)
     _qk_norm_rope_store_kernel[grid](
         qkv,
@@ -152,9 +153,9 @@ def qk_norm_rope_store(
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
-        PDL=pdl.enabled(qkv),
+        PDL=uses_pdl,
         num_warps=1,
-        launch_pdl=pdl.enabled(qkv),
+        launch_pdl=uses_pdl,
     )
     return queries
 
@@ -240,6 +241,7 @@ def decode_attention(
     group = num_heads // num_kv_heads
     assert block_table.stride(1) == 1
     out = queries.new_empty(batch, num_tokens, num_heads * head_dim)
+    uses_pdl = pdl.enabled(queries)
     _decode_attention_kernel[(batch, num_kv_heads)](
         queries,
         kv_cache,
@@ -258,8 +260,8 @@ def decode_attention(
         NUM_BLOCKS=block_table.shape[1],
         BLOCK_SIZE=block_size,
         PRECISION=_DOT_PRECISION[queries.dtype],
-        PDL=pdl.enabled(queries),
+        PDL=uses_pdl,
         num_warps=4,
-        launch_pdl=pdl.enabled(queries),
+        launch_pdl=uses_pdl,
     )
     return out

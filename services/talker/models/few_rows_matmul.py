@@ -143,8 +143,16 @@ def few_rows_matmul(
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     out = x.new_empty(num_rows, num_cols)
-    uses_pdl = pdl.enabled(x)
-    _few_rows_matmul_kernel[(triton.cdiv(num_cols, BLOCK_N),)](
+    launch(x, weight, out, norm_weight, eps, swiglu, residual, BLOCK_N, MAX_BLOCK_K, NUM_WARPS, pdl.enabled(x))
+    return out
+
+
+def launch(x, weight, out, norm_weight, eps, swiglu, residual, block_n, max_block_k, num_warps, uses_pdl) -> None:
+    """The kernel into `out` with these block sizes (`few_rows_matmul`'s checks and layout already done); what
+    `bench/few_rows_matmul_sweep.py` times other block sizes with."""
+    num_rows, depth = x.shape
+    num_cols = out.shape[1]
+    _few_rows_matmul_kernel[(triton.cdiv(num_cols, block_n),)](
         x,
         weight,
         norm_weight,
@@ -159,13 +167,12 @@ def few_rows_matmul(
         0 if residual is None else residual.stride(0),
         out.stride(0),
         BLOCK_M=triton.next_power_of_2(num_rows),
-        BLOCK_N=BLOCK_N,
-        BLOCK_K=min(MAX_BLOCK_K, triton.next_power_of_2(depth)),
+        BLOCK_N=block_n,
+        BLOCK_K=min(max_block_k, triton.next_power_of_2(depth)),
         NORM=norm_weight is not None,
         SWIGLU=swiglu,
         RESIDUAL=residual is not None,
         PDL=uses_pdl,
-        num_warps=NUM_WARPS,
+        num_warps=num_warps,
         launch_pdl=uses_pdl,
     )
-    return out
