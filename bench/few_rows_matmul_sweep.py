@@ -62,7 +62,8 @@ class Chain:
             if only in (None, "o"):
                 project(self.attended, self.o[layer], self.after_attention, config, pdl, residual=self.x)
             if only in (None, "gate_up"):
-                project(self.after_attention, self.gate_up[layer], self.activations, config, pdl, self.norm, swiglu=True)
+                gate_up = self.gate_up[layer]
+                project(self.after_attention, gate_up, self.activations, config, pdl, self.norm, swiglu=True)
             if only in (None, "down"):
                 project(self.activations, self.down[layer], self.out, config, pdl, residual=self.after_attention)
 
