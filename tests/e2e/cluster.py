@@ -93,6 +93,12 @@ class Cluster:
                 assert member.process.poll() is None, f"{member.name} exited; see {self.log_dir}"
                 assert time.monotonic() < deadline, f"{member.name} not serving after {timeout_s:.0f} s"
                 time.sleep(0.2)
+        # A gateway serves before its health probes have seen the backends serve (until then it answers 503):
+        # wait for its readiness, as a load balancer would.
+        for url in self.gateway_urls:
+            while not _is_ready(url):
+                assert time.monotonic() < deadline, f"{url} not ready after {timeout_s:.0f} s"
+                time.sleep(0.2)
         self._supervising = True
         self._supervisor = threading.Thread(target=self._supervise, daemon=True)
         self._supervisor.start()
@@ -182,6 +188,13 @@ class Gone(Exception):
 
 
 _RETRYABLE_STATUS = {502, 503, 504}
+
+
+def _is_ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/ready", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 async def _gateway_alive(http: httpx.AsyncClient, url: str) -> bool:

@@ -85,7 +85,9 @@ def difference(outcome: Outcome, expected: Outcome, response_format: str, redis_
 
 async def references(cluster: Cluster, client: ResumingClient) -> tuple[list[tuple[str, dict]], list[Outcome]]:
     """The workload for the cluster's talker, and each request's undisturbed answer."""
-    model = httpx.get(f"{cluster.gateway_urls[0]}/v1/models").json()["data"][0]["id"]
+    models = httpx.get(f"{cluster.gateway_urls[0]}/v1/models")
+    assert models.status_code == 200, f"GET /v1/models: {models.status_code} {models.text}"
+    model = models.json()["data"][0]["id"]
     requests = workload(model)
     answers = await asyncio.gather(*(run(client, kind, body) for kind, body in requests))
     for answer in answers:
