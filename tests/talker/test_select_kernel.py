@@ -1,5 +1,6 @@
 """The k-th-largest kernel returns what `torch.topk(x, 64).values[k - 1]` returns, bit for bit — ties counted, -inf
-rows and padding included — and `warp` through it keeps exactly what `warp` through topk keeps, eager and compiled.
+rows and padding included — and `warp` through it keeps exactly what `warp` through topk keeps, eager and compiled;
+the one-launch draw picks the ids `sample_code` picks through topk.
 
 On CUDA it runs compiled; without it, in Triton's interpreter on the CPU (skipped where Triton is not installed)."""
 
@@ -18,7 +19,7 @@ if DEVICE == "cpu":
     assert os.environ.get("TRITON_INTERPRET") == "1", "set by tests/conftest.py before triton is imported"
     pytest.importorskip("triton", reason="the kernel runs in Triton's interpreter on the CPU")
 
-from chorus.talker.models.select_kernel import kth_largest  # noqa: E402  (needs Triton)
+from chorus.talker.models.select_kernel import draw_top_k, kth_largest  # noqa: E402  (needs Triton)
 
 
 def _hard_rows(batch: int, vocab_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,6 +93,26 @@ def test_warp_through_the_kernel_equals_warp_through_topk(monkeypatch, compiled)
         assert torch.equal(run_warp(scores, params, FAST_TOP_K), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab_size", [2048, 3072])
+def test_draw_top_k_picks_what_sample_code_picks(monkeypatch, vocab_size, dtype):
+    """Ties, -inf and +inf rows, greedy rows, seeds past 32 bits: the same ids as the PyTorch draw through topk
+    (compiled on CUDA, where Inductor's Triton division is the kernel's; eager in the interpreter)."""
+    generator = torch.Generator().manual_seed(vocab_size)
+    scores, _ = _hard_rows(37, vocab_size, generator)
+    logits = scores.to(dtype)
+    params = _rows(37, generator)
+    params.seed[:3] = torch.tensor([0, 2**32 + 7, 2**63 - 1])
+    frame = torch.randint(0, 4000, (37,), generator=generator).to(DEVICE)
+    monkeypatch.setattr(sampling, "SELECT_KERNEL_DEVICES", ())
+    reference = torch.compile(sample_code, dynamic=True, fullgraph=True) if DEVICE == "cuda" else sample_code
+    for codebook in (1, 15):
+        expected = reference(logits, params, frame, codebook, FAST_TOP_K)
+        got = draw_top_k(logits, params.do_sample, params.temperature, params.top_k, params.seed, frame, codebook, 64)
+        assert torch.equal(got, expected)
+    assert params.do_sample.any() and not params.do_sample.all()
+
+
 def test_compiled_sampling_calls_the_kernel(monkeypatch):
     """`torch.compile(fullgraph=True, dynamic=True)` keeps the custom op as one call in the compiled code."""
     from torch._inductor.utils import run_and_get_code
@@ -103,7 +124,7 @@ def test_compiled_sampling_calls_the_kernel(monkeypatch):
     frame = torch.arange(37, device=DEVICE)
     compiled = torch.compile(sample_code, dynamic=True, fullgraph=True)
     ids, code = run_and_get_code(compiled, scores, params, frame, 3, FAST_TOP_K)
-    assert any("chorus.kth_largest" in source for source in code)
+    assert any("chorus.draw_top_k" in source for source in code)
     monkeypatch.setattr(sampling, "SELECT_KERNEL_DEVICES", ())
     assert torch.equal(ids, sample_code(scores, params, frame, 3, FAST_TOP_K))
 

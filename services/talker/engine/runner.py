@@ -134,6 +134,10 @@ class TalkerRunner:
         )
         # Read as a paged cache by the decode kernels: one block of 16 positions per slot, slot i's block i.
         self.predictor_table = torch.arange(num_slots, dtype=torch.int32, device=self.device)[:, None]
+        # The code predictor's positions per slot: 0 and 1 for its first forward, c + 1 for codebook c's. Kept, not
+        # made each frame: a captured graph would replay 16 fills for them.
+        positions = torch.arange(self.config.num_code_groups + 1, device=self.device).repeat(num_slots, 1)
+        self.predictor_positions = positions[:, :2].contiguous(), positions.T[:, :, None].contiguous()
         device, vocab = self.device, self.config.codec_vocab_size
         self.last_hidden = torch.zeros(num_slots, talker.hidden_size, device=device, dtype=self.dtype)
         self.next_code0 = torch.zeros(num_slots, dtype=torch.long, device=device)
@@ -187,6 +191,8 @@ class TalkerRunner:
         talker = self.model.talker
         talker.model.optimize_for_decode(few_rows_matmul)
         talker.code_predictor.model.optimize_for_decode(few_rows_matmul)
+        # A frame's 16 embedding lookups and their sum as one kernel, where eager PyTorch launches 18 a step.
+        talker.embed_frame = torch.compile(talker.embed_frame, dynamic=True, fullgraph=True)
         self._sample_code0 = torch.compile(sample_code0, dynamic=True, fullgraph=True)
         self._sample_code = torch.compile(sample_code, dynamic=True, fullgraph=True)
 
@@ -375,7 +381,8 @@ class TalkerRunner:
         frame_index = self.num_generated[rows] - 1
         code0 = self.next_code0[rows]
         inputs = torch.stack((self.last_hidden[rows], talker.embed_codec(code0)), dim=1)
-        positions = torch.arange(2, device=self.device).repeat(num_rows, 1)
+        first_positions, codebook_positions = self.predictor_positions
+        positions = first_positions[rows]
         codes = [code0]
         table = self.predictor_table[rows]
         for codebook in range(1, self.config.num_code_groups):
@@ -383,7 +390,7 @@ class TalkerRunner:
             code = self._sample_code(logits, params, frame_index, codebook, top_k_bound)
             codes.append(code)
             inputs = predictor.embed(codebook, code)[:, None]
-            positions = torch.full((num_rows, 1), codebook + 1, device=self.device, dtype=torch.long)
+            positions = codebook_positions[codebook + 1, rows]
         return torch.stack(codes, dim=1)
 
     def decode_compute(self, num_rows: int, attended_length: int, top_k_bound: int = 0) -> None:

@@ -1,4 +1,4 @@
-"""The k-th largest score of each row in one Triton launch, for `sampling.warp`'s top-k selection on CUDA.
+"""The k-th largest score of each row, and a whole top-k draw, in one Triton launch each: `sampling` on CUDA.
 
 Why: top-k sampling needs only the k-th largest score of a row (k ≤ 64), yet `torch.topk` finds it with a
 multi-pass radix select (`gatherTopK`, ~20 µs a call on an H200) and then sorts its 64 results (~5 µs); at 16 calls
@@ -12,9 +12,15 @@ is exactly the k-th largest key, ties counted with multiplicity as `topk(...).va
 float comes back from the key bit for bit (-inf where fewer than k scores are finite, as with topk). The one
 difference from topk: -0.0 orders below +0.0, which compare equal as floats, so `warped < kth` keeps the same ids.
 
-`kth_largest` is a `torch.library.custom_op` with a fake implementation, so `torch.compile(fullgraph=True,
-dynamic=True)` keeps it as one opaque call (the row length stays a runtime value: `BLOCK` is picked per call) and
-CUDA graphs capture its single launch; it neither syncs with the host nor allocates beyond its `[B]` output.
+`draw_top_k` is a code-predictor codebook's whole draw (`sampling.sample_code` on its top-k path) in one program
+per row: temperature, the k-th largest warped score as above, the top-k filter, Gumbel noise from `sampling`'s
+counter hash, and the first of the maxima (greedy rows: of the raw scores). Compiled from PyTorch the draw was four
+launches (the quotient, k's clamp, the selection, the noise and argmax): 45 a frame fewer at every batch size.
+
+`kth_largest` and `draw_top_k` are `torch.library.custom_op`s with a fake implementation, so
+`torch.compile(fullgraph=True, dynamic=True)` keeps each as one opaque call (the row length stays a runtime value:
+`BLOCK` is picked per call) and CUDA graphs capture its single launch; neither syncs with the host nor allocates
+beyond its `[B]` output.
 """
 
 from __future__ import annotations
@@ -28,23 +34,68 @@ from chorus.talker.models.pdl import wait_for_previous_kernel
 
 
 @triton.jit
-def _kth_largest_kernel(scores_ptr, k_ptr, out_ptr, stride_row, num_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    wait_for_previous_kernel(PDL)  # launched while the kernel writing the scores ends: see `pdl`
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    in_row = cols < num_cols
-    bits = tl.load(scores_ptr + row * stride_row + cols, mask=in_row, other=0.0).to(tl.uint32, bitcast=True)
+def _order_keys(bits, in_row):
+    """float32 bit patterns → uint32 keys that order like the floats; 0 (below every float) outside the row."""
     sign = tl.full((), 0x80000000, tl.uint32)
     keys = tl.where((bits & sign) != 0, ~bits, bits | sign)
-    keys = tl.where(in_row, keys, tl.zeros_like(keys))
-    k = tl.load(k_ptr + row)
+    return tl.where(in_row, keys, tl.zeros_like(keys))
+
+
+@triton.jit
+def _kth_largest_value(keys, k):
+    """The k-th largest float of a row from its `_order_keys`: the bitwise binary search of the module docstring."""
+    sign = tl.full((), 0x80000000, tl.uint32)
     threshold = tl.zeros((), tl.uint32)
     for shift in tl.static_range(31, -1, -1):
         candidate = threshold | (tl.full((), 1, tl.uint32) << shift)
         count = tl.sum((keys >= candidate).to(tl.int32), axis=0)
         threshold = tl.where(count >= k, candidate, threshold)
     kth_bits = tl.where((threshold & sign) != 0, threshold & ~sign, ~threshold)
-    tl.store(out_ptr + row, kth_bits.to(tl.float32, bitcast=True))
+    return kth_bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _kth_largest_kernel(scores_ptr, k_ptr, out_ptr, stride_row, num_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_for_previous_kernel(PDL)  # launched while the kernel writing the scores ends: see `pdl`
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    in_row = cols < num_cols
+    bits = tl.load(scores_ptr + row * stride_row + cols, mask=in_row, other=0.0).to(tl.uint32, bitcast=True)
+    kth = _kth_largest_value(_order_keys(bits, in_row), tl.load(k_ptr + row))
+    tl.store(out_ptr + row, kth)
+
+
+@triton.jit
+def _hash32(x):
+    # `sampling._hash32` on uint32: its int64 products masked to 32 bits are these wrapping products.
+    x = (x ^ (x >> 16)) * tl.full((), 0x7FEB352D, tl.uint32)
+    x = (x ^ (x >> 15)) * tl.full((), 0x346CA68B, tl.uint32)
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _draw_top_k_kernel(
+    logits_ptr, do_sample_ptr, temperature_ptr, top_k_ptr, seed_ptr, frame_ptr, out_ptr, stride_row, num_cols,
+    codebook, top_k_bound, BLOCK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    wait_for_previous_kernel(PDL)
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    in_row = cols < num_cols
+    scores = tl.load(logits_ptr + row * stride_row + cols, mask=in_row, other=float("-inf")).to(tl.float32)
+    if tl.load(do_sample_ptr + row) != 0:
+        # `warp`: temperature, then the top-k filter through the k-th largest warped score.
+        warped = scores / tl.load(temperature_ptr + row)
+        k = tl.minimum(tl.maximum(tl.load(top_k_ptr + row), 1), top_k_bound)
+        kth = _kth_largest_value(_order_keys(warped.to(tl.uint32, bitcast=True), in_row), k)
+        warped = tl.where(warped < kth, float("-inf"), warped)
+        # `choose`: Gumbel noise from the hash of (seed, frame, codebook, id), as `sampling.gumbel_noise` draws it.
+        seed = tl.load(seed_ptr + row)
+        key = _hash32(seed.to(tl.uint32)) ^ (seed >> 32).to(tl.uint32)  # casts to uint32 keep the low 32 bits
+        key = _hash32(_hash32(key) ^ (tl.load(frame_ptr + row) * 16 + codebook).to(tl.uint32))
+        uniform = ((_hash32(key ^ cols.to(tl.uint32)) >> 9).to(tl.float32) + 0.5) / 8388608.0
+        scores = tl.where(in_row, warped + -tl.log(-tl.log(uniform)), float("-inf"))
+    tl.store(out_ptr + row, tl.argmax(scores, axis=0).to(tl.int64))  # the first of equal maxima, as torch's
 
 
 @torch.library.custom_op("chorus::kth_largest", mutates_args=())
@@ -68,3 +119,34 @@ def kth_largest(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 @kth_largest.register_fake
 def _(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return scores.new_empty(scores.shape[0])
+
+
+@torch.library.custom_op("chorus::draw_top_k", mutates_args=())
+def draw_top_k(
+    logits: torch.Tensor,
+    do_sample: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    seed: torch.Tensor,
+    frame: torch.Tensor,
+    codebook: int,
+    top_k_bound: int,
+) -> torch.Tensor:
+    """`sampling.sample_code` in one launch: ids `[B]` (int64) from `logits [B, V]`, the rows' `do_sample`,
+    `temperature`, `top_k` (clamped to 1..`top_k_bound`, top-p off), `seed` and `frame` `[B]`."""
+    assert logits.dim() == 2 and logits.stride(-1) == 1
+    batch, num_cols = logits.shape
+    out = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    if batch:
+        uses_pdl = pdl.enabled(logits)
+        _draw_top_k_kernel[(batch,)](
+            logits, do_sample.contiguous(), temperature.contiguous(), top_k.contiguous(), seed.contiguous(),
+            frame.contiguous(), out, logits.stride(0), num_cols, codebook, top_k_bound,
+            BLOCK=triton.next_power_of_2(num_cols), PDL=uses_pdl, num_warps=8, launch_pdl=uses_pdl,
+        )  # fmt: skip
+    return out
+
+
+@draw_top_k.register_fake
+def _(logits, do_sample, temperature, top_k, seed, frame, codebook, top_k_bound) -> torch.Tensor:
+    return torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
