@@ -44,21 +44,32 @@ _DOT_PRECISION = {torch.bfloat16: "tf32", torch.float16: "tf32", torch.float32: 
 
 
 @triton.jit
-def _normalise_and_rotate(x, x_partner, weight, weight_partner, position, eps, log2_theta, HEAD_DIM: tl.constexpr):
-    """Heads `x [N, D]` (fp32, `x_partner` their NeoX partners: dimension i + D/2 mod D) RMS-normalised, rounded to
-    the activation dtype (the norm weight's), scaled by the weight `[D]`, then rotated at `position [N]`; in fp32."""
-    dtype = weight.dtype
+def _rotation(position, log2_theta, HEAD_DIM: tl.constexpr, dtype: tl.constexpr):
+    """cos and sin `[N, D]` at `position [N]`, rounded to the activation dtype: NeoX halves, the first pairing with
+    the second; angle_i = position · theta^(-2 (i mod half) / D)."""
     dims = tl.arange(0, HEAD_DIM)
-    half = HEAD_DIM // 2
-    inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
-    normed = (x * inv_rms).to(dtype).to(tl.float32) * weight.to(tl.float32)[None, :]
-    normed_partner = (x_partner * inv_rms).to(dtype).to(tl.float32) * weight_partner.to(tl.float32)[None, :]
-    # NeoX rotation: the first half pairs with the second; angle_i = position · theta^(-2 (i mod half) / D).
-    inv_freq = tl.exp2(-((dims % half) * 2).to(tl.float32) / HEAD_DIM * log2_theta)
+    inv_freq = tl.exp2(-((dims % (HEAD_DIM // 2)) * 2).to(tl.float32) / HEAD_DIM * log2_theta)
     angle = position.to(tl.float32)[:, None] * inv_freq[None, :]
-    cos = tl.cos(angle).to(dtype).to(tl.float32)
-    sin = tl.sin(angle).to(dtype).to(tl.float32)
-    return normed * cos + tl.where((dims < half)[None, :], -normed_partner, normed_partner) * sin
+    return tl.cos(angle).to(dtype).to(tl.float32), tl.sin(angle).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _normalise_and_rotate(x, x_partner, weight, weight_partner, cos, sin, eps, HEAD_DIM: tl.constexpr):
+    """Heads `x [N, D]` (fp32, `x_partner` their NeoX partners: dimension i + D/2 mod D) RMS-normalised, rounded to
+    the activation dtype (the norm weight's), scaled by the weight `[D]`, then rotated by `cos`, `sin [N, D]`."""
+    dims = tl.arange(0, HEAD_DIM)
+    inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
+    normed = (x * inv_rms).to(weight.dtype).to(tl.float32) * weight.to(tl.float32)[None, :]
+    normed_partner = (x_partner * inv_rms).to(weight.dtype).to(tl.float32) * weight_partner.to(tl.float32)[None, :]
+    return normed * cos + tl.where((dims < HEAD_DIM // 2)[None, :], -normed_partner, normed_partner) * sin
+
+
+@triton.jit
+def _row_of(tile, index, rows):
+    """Row `index [N]` (each in `rows`, the tile's row ids) of `tile [R, D]` for each of N: `[N, D]` (R = 2)."""
+    first = tl.sum(tl.where(rows[:, None] == 0, tile, 0.0), axis=0)
+    second = tl.sum(tl.where(rows[:, None] == 1, tile, 0.0), axis=0)
+    return tl.where(index[:, None] == 0, first[None, :], second[None, :])
 
 
 @triton.jit
@@ -94,6 +105,7 @@ def _decode_attention_kernel(
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    tl.static_assert(BLOCK_TOKENS == 2)  # `_row_of` picks a query's token from two
     wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -113,7 +125,8 @@ def _decode_attention_kernel(
     new_k = tl.load(k_source + dims[None, :], mask=is_new[:, None], other=0.0).to(tl.float32)
     k_partner = tl.load(k_source + partner[None, :], mask=is_new[:, None], other=0.0).to(tl.float32)
     k_weight, k_weight_partner = tl.load(k_norm_ptr + dims), tl.load(k_norm_ptr + partner)
-    new_k = _normalise_and_rotate(new_k, k_partner, k_weight, k_weight_partner, new_position, eps, log2_theta, HEAD_DIM)
+    cos, sin = _rotation(new_position, log2_theta, HEAD_DIM, dtype)  # once per token: its queries share them
+    new_k = _normalise_and_rotate(new_k, k_partner, k_weight, k_weight_partner, cos, sin, eps, HEAD_DIM)
     tl.store(slot, new_k.to(dtype), mask=is_new[:, None])
     new_v = tl.load(k_source + NUM_KV_HEADS * HEAD_DIM + dims[None, :], mask=is_new[:, None], other=0.0)
     tl.store(slot + stride_cache_kv, new_v, mask=is_new[:, None])
@@ -129,8 +142,8 @@ def _decode_attention_kernel(
     q_partner = tl.load(q_source + partner[None, :], mask=is_query[:, None], other=0.0).to(tl.float32)
     query_position = tl.load(positions_ptr + row * num_tokens + token, mask=is_query, other=0)
     q_weight, q_weight_partner = tl.load(q_norm_ptr + dims), tl.load(q_norm_ptr + partner)
-    q = _normalise_and_rotate(q, q_partner, q_weight, q_weight_partner, query_position, eps, log2_theta, HEAD_DIM)
-    q = q.to(dtype)
+    q_cos, q_sin = _row_of(cos, token, new), _row_of(sin, token, new)
+    q = _normalise_and_rotate(q, q_partner, q_weight, q_weight_partner, q_cos, q_sin, eps, HEAD_DIM).to(dtype)
     last_position = tl.max(query_position, axis=0)
     tl.debug_barrier()  # the keys and values stored above are read below by the program's other threads
 
