@@ -59,7 +59,7 @@ def _unpaged(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     [(16, 8, 128, 256, 64), (16, 8, 128, 16, 16), (4, 2, 16, 128, 64), (4, 2, 16, 64, 16)],
 )
 def test_kernels_match_the_torch_decode_path(dtype, num_tokens, num_heads, num_kv_heads, head_dim, length, block_size):
-    from chorus.talker.models.decode_kernels import decode_attention
+    from chorus.talker.models.decode_kernels import decode_attention, qk_norm_rope_store
 
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
@@ -81,7 +81,7 @@ def test_kernels_match_the_torch_decode_path(dtype, num_tokens, num_heads, num_k
         mask = torch.arange(length, device=DEVICE)[None, None, None, :] <= positions[:, None, :, None]
         expected = attention.attend(q, expected_cache, mask)
 
-        attended = decode_attention(
+        queries = qk_norm_rope_store(
             attention.qkv_proj(x),
             attention.q_norm.weight,
             attention.k_norm.weight,
@@ -92,7 +92,9 @@ def test_kernels_match_the_torch_decode_path(dtype, num_tokens, num_heads, num_k
             attention.q_norm.eps,
             attention.rope_theta,
         )
+        attended = decode_attention(queries, pool, table, positions)
     tolerance = TOLERANCES[dtype]
+    torch.testing.assert_close(queries, q.contiguous(), **tolerance)
     torch.testing.assert_close(_unpaged(pool, table), expected_cache, **tolerance)  # written at each row's position
     owned = torch.zeros(num_blocks, dtype=torch.bool, device=DEVICE)
     owned[table.long().flatten()] = True
@@ -108,15 +110,11 @@ def test_attention_reads_cache_rows_of_a_larger_slot_cache():
     pool = torch.randn(2, 17, 2, 16, 16, device=DEVICE)
     table = torch.randperm(16, device=DEVICE).add(1).view(8, 2).to(torch.int32)
     view = table[:3]
-    qkv = torch.randn(3, 1, (4 + 2 * 2) * 16, device=DEVICE)
-    norm_weight = torch.rand(16, device=DEVICE) + 0.5
+    queries = torch.randn(3, 4, 1, 16, device=DEVICE)
     positions = torch.tensor([[5], [31], [0]], device=DEVICE)
-    results = []
-    for table_rows in (view, view.contiguous()):
-        cache = pool.clone()
-        attended = decode_attention(qkv, norm_weight, norm_weight, positions, cache, table_rows, 4, 1e-6, 1e6)
-        results.append((attended, cache))
-    torch.testing.assert_close(results[0], results[1], atol=0, rtol=0)
+    got = decode_attention(queries, pool, view, positions)
+    contiguous = decode_attention(queries, pool, view.contiguous(), positions)
+    torch.testing.assert_close(got, contiguous, atol=0, rtol=0)
 
 
 def _talker_through_kernels(loaded):

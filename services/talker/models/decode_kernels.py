@@ -1,22 +1,30 @@
-"""A Triton kernel for a decode step's attention on CUDA: what lies between a layer's QKV projection and its output
-projection, in one launch instead of eight.
+"""Triton kernels for a decode step's attention on CUDA: what lies between a layer's QKV projection and its output
+projection, in two launches instead of eight.
 
 A decode step is bound by the number of kernels it launches, not by arithmetic: at batch 1 the compiled layer
 spent ~13 µs per layer in q/k norm, rotation, the stack and transpose of keys and values, the cache scatter and the
-three attention kernels. `decode_attention` runs one program per (row, key head). It RMS-normalises the row's new
-keys (1 or 2 tokens) with their norm weight, rotates them (NeoX halves, angles from the row's position) and writes
-them and the values straight into the row's cache; then it does the same for the queries of that head group, in
-registers, and attends them over the row's cached keys, reading only positions up to the row's own — the cache
-length is an upper bound, not the work done. Until 2026-11-26 the norm, rotation and cache write were a kernel of
-their own, which stored the queries for the attention kernel to read: 103 launches more a frame at 0.6B.
+three attention kernels. Here:
+
+- `qk_norm_rope_store`: one program per (row, token, head) RMS-normalises query and key heads with their norm
+  weights, rotates them (NeoX halves, angles from the row's position) and writes keys and values straight into the
+  row's cache at that position; queries come back in `[B, heads, T, D]`.
+- `decode_attention`: one program per (row, key head) attends the few queries of that head group (1 or 2 tokens
+  per row) over the row's cached keys, reading only positions up to the row's own — the cache length is an upper
+  bound, not the work done.
 
 The cache is paged: `[2, blocks, kv_heads, block_size, D]`, and a row's position p lives in block
 `block_table[row, p // block_size]` at offset `p % block_size`, so streams share one pool of blocks instead of each
 holding the longest request's worth. A cache of one block per row (`block_table[row] = [row]`) is the unpaged case.
 
-It computes in fp32 and rounds where the compiled PyTorch path rounds (normalised values and cos/sin to the
-activation dtype before scaling; queries and keys after rotation), so replacing that path changes results only at
-bf16 rounding level. It launches with programmatic dependent launch where the GPU has it (see `pdl`).
+Both compute in fp32 and round where the compiled PyTorch path rounds (normalised values and cos/sin to the
+activation dtype before scaling), so replacing it changes results only at bf16 rounding level.
+Both launch with programmatic dependent launch where the GPU has it (see `pdl`).
+
+One kernel for both (norm, rotation and cache write inside the attention's programs, one per row and key head) was
+measured and left out: with PDL a launch costs little, while the fused kernel did the norm work in 8 programs a row
+instead of 32 and read its fresh keys back after a barrier. A step took 3.65 against 3.59 ms at batch 1 and 4.97
+against 4.86 at 64 (0.6B on one H100, commit 78f1975 against its parent's tree without it, two rounds in one call:
+bench/results/talker-20261126-180000 and -180138 against -175921 and -180106).
 """
 
 from __future__ import annotations
@@ -44,45 +52,130 @@ _DOT_PRECISION = {torch.bfloat16: "tf32", torch.float16: "tf32", torch.float32: 
 
 
 @triton.jit
-def _rotation(position, log2_theta, HEAD_DIM: tl.constexpr, dtype: tl.constexpr):
-    """cos and sin `[N, D]` at `position [N]`, rounded to the activation dtype: NeoX halves, the first pairing with
-    the second; angle_i = position · theta^(-2 (i mod half) / D)."""
+def _qk_norm_rope_store_kernel(
+    qkv_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    positions_ptr,
+    q_out_ptr,
+    cache_ptr,
+    table_ptr,
+    stride_qkv_row,
+    stride_qkv_token,
+    stride_q_row,
+    stride_q_head,
+    stride_q_token,
+    stride_cache_kv,
+    stride_cache_block,
+    stride_cache_head,
+    stride_cache_position,
+    stride_table_row,
+    num_tokens,
+    eps,
+    log2_theta,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    wait_for_previous_kernel(PDL)
+    let_next_kernel_start(PDL)  # a few programs, and the attention after them has nothing to read before it waits
+    row_token = tl.program_id(0)
+    head = tl.program_id(1)
+    row = row_token // num_tokens
+    token = row_token % num_tokens
     dims = tl.arange(0, HEAD_DIM)
-    inv_freq = tl.exp2(-((dims % (HEAD_DIM // 2)) * 2).to(tl.float32) / HEAD_DIM * log2_theta)
-    angle = position.to(tl.float32)[:, None] * inv_freq[None, :]
-    return tl.cos(angle).to(dtype).to(tl.float32), tl.sin(angle).to(dtype).to(tl.float32)
+    half = HEAD_DIM // 2
+    source = qkv_ptr + row * stride_qkv_row + token * stride_qkv_token + head * HEAD_DIM
+    x = tl.load(source + dims)
+    position = tl.load(positions_ptr + row_token)
+    block = tl.load(table_ptr + row * stride_table_row + position // BLOCK_SIZE).to(tl.int64)
+    slot = cache_ptr + block * stride_cache_block + (position % BLOCK_SIZE) * stride_cache_position
+    dtype = qkv_ptr.dtype.element_ty
+    if head >= NUM_HEADS + NUM_KV_HEADS:  # a value head: stored as it is
+        target = slot + stride_cache_kv
+        tl.store(target + (head - NUM_HEADS - NUM_KV_HEADS) * stride_cache_head + dims, x)
+    else:
+        # RMS norm in fp32, rounded to the activation dtype, then scaled by the head's norm weight.
+        partner = (dims + half) % HEAD_DIM
+        x_partner = tl.load(source + partner).to(tl.float32)
+        x_fp32 = x.to(tl.float32)
+        inv_rms = tl.rsqrt(tl.sum(x_fp32 * x_fp32, axis=0) / HEAD_DIM + eps)
+        is_query = head < NUM_HEADS
+        weight = tl.where(is_query, tl.load(q_norm_ptr + dims), tl.load(k_norm_ptr + dims)).to(tl.float32)
+        weight_partner = tl.where(is_query, tl.load(q_norm_ptr + partner), tl.load(k_norm_ptr + partner))
+        normed = (x_fp32 * inv_rms).to(dtype).to(tl.float32) * weight
+        normed_partner = (x_partner * inv_rms).to(dtype).to(tl.float32) * weight_partner.to(tl.float32)
+        # NeoX rotation: the first half pairs with the second; angle_i = position · theta^(-2 (i mod half) / D).
+        inv_freq = tl.exp2(-((dims % half) * 2).to(tl.float32) / HEAD_DIM * log2_theta)
+        angle = position.to(tl.float32) * inv_freq
+        cos = tl.cos(angle).to(dtype).to(tl.float32)
+        sin = tl.sin(angle).to(dtype).to(tl.float32)
+        rotated = (normed * cos + tl.where(dims < half, -normed_partner, normed_partner) * sin).to(dtype)
+        if is_query:
+            target = q_out_ptr + row * stride_q_row + head * stride_q_head + token * stride_q_token
+            tl.store(target + dims, rotated)
+        else:
+            tl.store(slot + (head - NUM_HEADS) * stride_cache_head + dims, rotated)
 
 
-@triton.jit
-def _normalise_and_rotate(x, x_partner, weight, weight_partner, cos, sin, eps, HEAD_DIM: tl.constexpr):
-    """Heads `x [N, D]` (fp32, `x_partner` their NeoX partners: dimension i + D/2 mod D) RMS-normalised, rounded to
-    the activation dtype (the norm weight's), scaled by the weight `[D]`, then rotated by `cos`, `sin [N, D]`."""
-    dims = tl.arange(0, HEAD_DIM)
-    inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
-    normed = (x * inv_rms).to(weight.dtype).to(tl.float32) * weight.to(tl.float32)[None, :]
-    normed_partner = (x_partner * inv_rms).to(weight.dtype).to(tl.float32) * weight_partner.to(tl.float32)[None, :]
-    return normed * cos + tl.where((dims < HEAD_DIM // 2)[None, :], -normed_partner, normed_partner) * sin
-
-
-@triton.jit
-def _row_of(tile, index, rows):
-    """Row `index [N]` (each in `rows`, the tile's row ids) of `tile [R, D]` for each of N: `[N, D]` (R = 2)."""
-    first = tl.sum(tl.where(rows[:, None] == 0, tile, 0.0), axis=0)
-    second = tl.sum(tl.where(rows[:, None] == 1, tile, 0.0), axis=0)
-    return tl.where(index[:, None] == 0, first[None, :], second[None, :])
+def qk_norm_rope_store(
+    qkv: torch.Tensor,
+    q_norm_weight: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    positions: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    num_heads: int,
+    eps: float,
+    rope_theta: float,
+) -> torch.Tensor:
+    """Rotated, normalised queries `[B, heads, T, D]` of `qkv [B, T, (heads + 2 kv_heads) D]`; keys and values
+    go into the paged `kv_cache [2, blocks, kv_heads, block_size, D]` at `positions [B, T]` of each row's blocks
+    (`block_table [B, blocks per row]`)."""
+    batch, num_tokens, _ = qkv.shape
+    _, _, num_kv_heads, block_size, head_dim = kv_cache.shape
+    assert qkv.stride(2) == 1 and kv_cache.stride(4) == 1 and positions.is_contiguous() and block_table.stride(1) == 1
+    queries = qkv.new_empty(batch, num_heads, num_tokens, head_dim)
+    uses_pdl = pdl.enabled(qkv)
+    grid = (batch * num_tokens, num_heads + 2 * num_kv_heads)
+    _qk_norm_rope_store_kernel[grid](
+        qkv,
+        q_norm_weight,
+        k_norm_weight,
+        positions,
+        queries,
+        kv_cache,
+        block_table,
+        *qkv.stride()[:2],
+        *queries.stride()[:3],
+        *kv_cache.stride()[:4],
+        block_table.stride(0),
+        num_tokens,
+        eps,
+        math.log2(rope_theta),
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        PDL=uses_pdl,
+        num_warps=1,
+        launch_pdl=uses_pdl,
+    )
+    return queries
 
 
 @triton.jit
 def _decode_attention_kernel(
-    qkv_ptr,
-    q_norm_ptr,
-    k_norm_ptr,
+    q_ptr,
     cache_ptr,
     table_ptr,
     positions_ptr,
     out_ptr,
-    stride_qkv_row,
-    stride_qkv_token,
+    stride_q_row,
+    stride_q_head,
+    stride_q_token,
     stride_cache_kv,
     stride_cache_block,
     stride_cache_head,
@@ -91,62 +184,29 @@ def _decode_attention_kernel(
     stride_out_row,
     stride_out_token,
     num_tokens,
-    eps,
-    log2_theta,
     scale,
-    NUM_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_QUERIES: tl.constexpr,
-    BLOCK_TOKENS: tl.constexpr,
     NUM_BLOCKS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    tl.static_assert(BLOCK_TOKENS == 2)  # `_row_of` picks a query's token from two
     wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
-    dims = tl.arange(0, HEAD_DIM)
-    partner = (dims + HEAD_DIM // 2) % HEAD_DIM
-    dtype = qkv_ptr.dtype.element_ty
-    source = qkv_ptr + row * stride_qkv_row
-
-    # This key head's new keys and values (the row's 1 or 2 tokens) into the cache, keys normalised and rotated.
-    new = tl.arange(0, BLOCK_TOKENS)
-    is_new = new < num_tokens
-    new_position = tl.load(positions_ptr + row * num_tokens + new, mask=is_new, other=0)
-    new_block = tl.load(table_ptr + row * stride_table_row + new_position // BLOCK_SIZE, mask=is_new, other=0)
-    slot = new_block.to(tl.int64) * stride_cache_block + (new_position % BLOCK_SIZE) * stride_cache_position
-    slot = cache_ptr + slot[:, None] + kv_head * stride_cache_head + dims[None, :]
-    k_source = source + new[:, None] * stride_qkv_token + (NUM_HEADS + kv_head) * HEAD_DIM
-    new_k = tl.load(k_source + dims[None, :], mask=is_new[:, None], other=0.0).to(tl.float32)
-    k_partner = tl.load(k_source + partner[None, :], mask=is_new[:, None], other=0.0).to(tl.float32)
-    k_weight, k_weight_partner = tl.load(k_norm_ptr + dims), tl.load(k_norm_ptr + partner)
-    cos, sin = _rotation(new_position, log2_theta, HEAD_DIM, dtype)  # once per token: its queries share them
-    new_k = _normalise_and_rotate(new_k, k_partner, k_weight, k_weight_partner, cos, sin, eps, HEAD_DIM)
-    tl.store(slot, new_k.to(dtype), mask=is_new[:, None])
-    new_v = tl.load(k_source + NUM_KV_HEADS * HEAD_DIM + dims[None, :], mask=is_new[:, None], other=0.0)
-    tl.store(slot + stride_cache_kv, new_v, mask=is_new[:, None])
-
     # Query rows of this key head: (group member g, token t) → g * T + t; padded to a tensor-core tile.
     query = tl.arange(0, BLOCK_QUERIES)
     is_query = query < GROUP * num_tokens
     member = query // num_tokens
     token = query % num_tokens
     head = kv_head * GROUP + member
-    q_source = source + token[:, None] * stride_qkv_token + head[:, None] * HEAD_DIM
-    q = tl.load(q_source + dims[None, :], mask=is_query[:, None], other=0.0).to(tl.float32)
-    q_partner = tl.load(q_source + partner[None, :], mask=is_query[:, None], other=0.0).to(tl.float32)
+    dims = tl.arange(0, HEAD_DIM)
+    q_offsets = row * stride_q_row + head * stride_q_head + token * stride_q_token
+    q = tl.load(q_ptr + q_offsets[:, None] + dims[None, :], mask=is_query[:, None], other=0.0)
     query_position = tl.load(positions_ptr + row * num_tokens + token, mask=is_query, other=0)
-    q_weight, q_weight_partner = tl.load(q_norm_ptr + dims), tl.load(q_norm_ptr + partner)
-    q_cos, q_sin = _row_of(cos, token, new), _row_of(sin, token, new)
-    q = _normalise_and_rotate(q, q_partner, q_weight, q_weight_partner, q_cos, q_sin, eps, HEAD_DIM).to(dtype)
     last_position = tl.max(query_position, axis=0)
-    tl.debug_barrier()  # the keys and values stored above are read below by the program's other threads
-
     running_max = tl.full([BLOCK_QUERIES], float("-inf"), tl.float32)
     running_sum = tl.zeros([BLOCK_QUERIES], tl.float32)
     acc = tl.zeros([BLOCK_QUERIES, HEAD_DIM], tl.float32)
@@ -173,54 +233,39 @@ def _decode_attention_kernel(
     let_next_kernel_start(PDL)
     out = acc / running_sum[:, None]
     out_offsets = row * stride_out_row + token * stride_out_token + head * HEAD_DIM
-    tl.store(out_ptr + out_offsets[:, None] + dims[None, :], out.to(dtype), mask=is_query[:, None])
+    tl.store(out_ptr + out_offsets[:, None] + dims[None, :], out.to(q.dtype), mask=is_query[:, None])
 
 
 def decode_attention(
-    qkv: torch.Tensor,
-    q_norm_weight: torch.Tensor,
-    k_norm_weight: torch.Tensor,
-    positions: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    num_heads: int,
-    eps: float,
-    rope_theta: float,
+    queries: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor
 ) -> torch.Tensor:
-    """Attention output `[B, T, heads * D]` of a decode step's `qkv [B, T, (heads + 2 kv_heads) D]` at `positions
-    [B, T]`: its keys and values go into the paged `kv_cache [2, blocks, kv_heads, block_size, D]` (row i's blocks:
-    `block_table[i]`), then each normalised, rotated query attends the row's keys at positions ≤ its own."""
-    batch, num_tokens, _ = qkv.shape
-    _, _, num_kv_heads, block_size, head_dim = kv_cache.shape
-    assert qkv.stride(2) == 1 and kv_cache.stride(4) == 1 and positions.is_contiguous() and block_table.stride(1) == 1
-    assert num_tokens <= MAX_DECODE_TOKENS
-    out = qkv.new_empty(batch, num_tokens, num_heads * head_dim)
-    uses_pdl = pdl.enabled(qkv)
+    """Attention output `[B, T, heads * D]` of `queries [B, heads, T, D]` over the paged `kv_cache [2, blocks,
+    kv_heads, block_size, D]` (row i's blocks: `block_table[i]`): each query attends the keys at positions ≤ its own
+    (`positions [B, T]`)."""
+    batch, num_heads, num_tokens, head_dim = queries.shape
+    _, _, num_kv_heads, block_size, _ = kv_cache.shape
+    group = num_heads // num_kv_heads
+    assert block_table.stride(1) == 1
+    out = queries.new_empty(batch, num_tokens, num_heads * head_dim)
+    uses_pdl = pdl.enabled(queries)
     _decode_attention_kernel[(batch, num_kv_heads)](
-        qkv,
-        q_norm_weight,
-        k_norm_weight,
+        queries,
         kv_cache,
         block_table,
         positions,
         out,
-        *qkv.stride()[:2],
+        *queries.stride()[:3],
         *kv_cache.stride()[:4],
         block_table.stride(0),
         *out.stride()[:2],
         num_tokens,
-        eps,
-        math.log2(rope_theta),
         head_dim**-0.5,
-        NUM_HEADS=num_heads,
-        NUM_KV_HEADS=num_kv_heads,
-        GROUP=num_heads // num_kv_heads,
+        GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_QUERIES=16,
-        BLOCK_TOKENS=MAX_DECODE_TOKENS,
         NUM_BLOCKS=block_table.shape[1],
         BLOCK_SIZE=block_size,
-        PRECISION=_DOT_PRECISION[qkv.dtype],
+        PRECISION=_DOT_PRECISION[queries.dtype],
         PDL=uses_pdl,
         num_warps=4,
         launch_pdl=uses_pdl,

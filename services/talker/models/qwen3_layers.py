@@ -184,9 +184,10 @@ class Qwen3DecoderLayer(nn.Module):
         return self.attention_and_mlp(x, q, kv_cache[:, :, :, : attend_mask.shape[-1]], attend_mask, next_norm_weight)
 
     def _decode(self, x, normed, positions, kv_cache, block_table, next_norm_weight):
-        """`forward` for a decode step on CUDA: projection, then the Triton kernel (norm, rotation and cache write;
-        attention over the written positions), then the compiled output half."""
-        attended = self._attend(self.self_attn.qkv_proj(normed), positions, kv_cache, block_table)
+        """`forward` for a decode step on CUDA: projection, then the two Triton kernels (norm, rotation and cache
+        write; attention over the written positions), then the compiled output half."""
+        queries = self._queries(self.self_attn.qkv_proj(normed), positions, kv_cache, block_table)
+        attended = self.decode_kernels.decode_attention(queries, kv_cache, block_table, positions)
         return self.decode_output_and_mlp(x, attended, next_norm_weight)
 
     def decode_few_rows(self, x, positions, kv_cache, block_table):
@@ -199,18 +200,18 @@ class Qwen3DecoderLayer(nn.Module):
         attention, mlp, eps = self.self_attn, self.mlp, self.input_layernorm.eps
         rows = x.reshape(batch * num_tokens, hidden_size)
         qkv = few_rows_matmul(rows, attention.qkv_proj.weight, self.input_layernorm.weight, eps)
-        attended = self._attend(qkv.view(batch, num_tokens, -1), positions, kv_cache, block_table)
+        queries = self._queries(qkv.view(batch, num_tokens, -1), positions, kv_cache, block_table)
+        attended = self.decode_kernels.decode_attention(queries, kv_cache, block_table, positions)
         attended = attended.view(len(rows), -1)
         after_attention = few_rows_matmul(attended, attention.o_proj.weight, residual=rows)
         weight, norm_weight = mlp.gate_up_proj.weight, self.post_attention_layernorm.weight
         activations = few_rows_matmul(after_attention, weight, norm_weight, eps, swiglu=True)
         return few_rows_matmul(activations, mlp.down_proj.weight, residual=after_attention).view_as(x)
 
-    def _attend(self, qkv, positions, kv_cache, block_table):
-        """Attention output `[B, T, heads D]` of `qkv [B, T, (heads + 2 kv_heads) D]`; its keys and values into the
-        cache."""
+    def _queries(self, qkv, positions, kv_cache, block_table):
+        """Normalised, rotated queries of `qkv [B, T, (heads + 2 kv_heads) D]`; its keys and values into the cache."""
         attention = self.self_attn
-        return self.decode_kernels.decode_attention(
+        return self.decode_kernels.qk_norm_rope_store(
             qkv,
             attention.q_norm.weight,
             attention.k_norm.weight,
