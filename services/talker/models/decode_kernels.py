@@ -23,8 +23,8 @@ Both launch with programmatic dependent launch where the GPU has it (see `pdl`).
 One kernel for both (norm, rotation and cache write inside the attention's programs, one per row and key head) was
 measured and left out: with PDL a launch costs little, while the fused kernel did the norm work in 8 programs a row
 instead of 32 and read its fresh keys back after a barrier. A step took 3.65 against 3.59 ms at batch 1 and 4.97
-against 4.86 at 64 (0.6B on one H100, commit 78f1975 against its parent's tree without it, two rounds in one call:
-bench/results/talker-20261126-180000 and -180138 against -175921 and -180106).
+against 4.86 at 64 (0.6B on one H100, two rounds in one call: commit 78f1975, bench/results/talker-20261126-180000
+and -180138, against e1d7836 with these two kernels back — the code here — labelled e1d7836-noattn, -175921, -180106).
 """
 
 from __future__ import annotations
