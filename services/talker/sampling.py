@@ -8,7 +8,8 @@ The sort behind top-k and top-p is the costliest part of sampling on a GPU (a ra
 codebook, 16 a frame: ~0.4 ms of a 5 ms step on an H200). When every sampling row keeps at most `FAST_TOP_K` ids
 and top-p is off — the released defaults — `warp` needs only each row's k-th largest score, with the same result
 (see `warp`): on CUDA from one Triton launch (`models.select_kernel`), elsewhere from a top-`FAST_TOP_K` selection.
-Codebooks 1..15 then take the whole draw from one launch each (`sample_code`), not four.
+Codebooks 1..15 then take the whole draw, and the drawn id's embedding, from one launch each
+(`sample_code_and_embed`), not five.
 
 Random draws come from a counter-based hash of (seed, frame, codebook, vocabulary id) turned into Gumbel noise,
 so a row's draws depend only on its own seed and position: the same audio alone or in any batch, no generator
@@ -156,16 +157,29 @@ def sample_code0(
 def sample_code(
     logits: torch.Tensor, params: RowParams, frame: torch.Tensor, codebook: int, top_k_bound: int = 0
 ) -> torch.Tensor:
-    """Ids `[B]` of codebook `codebook` (1..15) from code-predictor `logits [B, V]`: on `SELECT_KERNEL_DEVICES`
-    with `top_k_bound`, warp and draw in one launch (`select_kernel.draw_top_k`), the same ids."""
+    """Ids `[B]` of codebook `codebook` (1..15) from code-predictor `logits [B, V]`."""
+    return choose(warp(logits.float(), params, top_k_bound), params, frame, codebook)
+
+
+def sample_code_and_embed(
+    logits: torch.Tensor,
+    params: RowParams,
+    frame: torch.Tensor,
+    codebook: int,
+    embedding: torch.Tensor,
+    top_k_bound: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_code`'s ids `[B]` and their rows `[B, H]` of `embedding [V, H]` (the code predictor's next input):
+    on `SELECT_KERNEL_DEVICES` with `top_k_bound`, from one launch (`select_kernel.draw_top_k`), the same values."""
     if top_k_bound and logits.device.type in SELECT_KERNEL_DEVICES:
         from chorus.talker.models import select_kernel
 
         row = params
         return select_kernel.draw_top_k(
-            logits, row.do_sample, row.temperature, row.top_k, row.seed, frame, codebook, top_k_bound
+            logits, row.do_sample, row.temperature, row.top_k, row.seed, frame, codebook, top_k_bound, embedding
         )
-    return choose(warp(logits.float(), params, top_k_bound), params, frame, codebook)
+    ids = sample_code(logits, params, frame, codebook, top_k_bound)
+    return ids, torch.nn.functional.embedding(ids, embedding)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from chorus.talker import sampling
-from chorus.talker.sampling import FAST_TOP_K, RowParams, sample_code, warp
+from chorus.talker.sampling import FAST_TOP_K, RowParams, sample_code, sample_code_and_embed, warp
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":
@@ -47,9 +47,13 @@ def _hard_rows(batch: int, vocab_size: int, generator: torch.Generator) -> tuple
     return scores.to(DEVICE), k.to(DEVICE)
 
 
+@pytest.mark.parametrize("digit_bits", [1, 4])
 @pytest.mark.parametrize("vocab_size", [2048, 3072])
 @pytest.mark.parametrize("batch", [1, 37])
-def test_kth_largest_equals_topk(batch, vocab_size):
+def test_kth_largest_equals_topk(monkeypatch, batch, vocab_size, digit_bits):
+    from chorus.talker.models import select_kernel
+
+    monkeypatch.setattr(select_kernel, "DIGIT_BITS", digit_bits)  # bits found per pass: any divisor of 32 serves
     generator = torch.Generator().manual_seed(batch * vocab_size)
     scores, k = _hard_rows(batch, vocab_size, generator)
     expected = scores.topk(FAST_TOP_K, dim=-1).values.gather(-1, (k - 1)[:, None])[:, 0]
@@ -97,7 +101,8 @@ def test_warp_through_the_kernel_equals_warp_through_topk(monkeypatch, compiled)
 @pytest.mark.parametrize("vocab_size", [2048, 3072])
 def test_draw_top_k_picks_what_sample_code_picks(monkeypatch, vocab_size, dtype):
     """Ties, -inf and +inf rows, greedy rows, seeds past 32 bits: the same ids as the PyTorch draw through topk
-    (compiled on CUDA, where Inductor's Triton division is the kernel's; eager in the interpreter)."""
+    (compiled on CUDA, where Inductor's Triton division is the kernel's; eager in the interpreter), and their rows
+    of the embedding table."""
     generator = torch.Generator().manual_seed(vocab_size)
     scores, _ = _hard_rows(37, vocab_size, generator)
     logits = scores.to(dtype)
@@ -106,10 +111,15 @@ def test_draw_top_k_picks_what_sample_code_picks(monkeypatch, vocab_size, dtype)
     frame = torch.randint(0, 4000, (37,), generator=generator).to(DEVICE)
     monkeypatch.setattr(sampling, "SELECT_KERNEL_DEVICES", ())
     reference = torch.compile(sample_code, dynamic=True, fullgraph=True) if DEVICE == "cuda" else sample_code
+    table = torch.randn(vocab_size, 40, generator=generator).to(DEVICE, torch.bfloat16)  # 40: a partial block
     for codebook in (1, 15):
         expected = reference(logits, params, frame, codebook, FAST_TOP_K)
-        got = draw_top_k(logits, params.do_sample, params.temperature, params.top_k, params.seed, frame, codebook, 64)
-        assert torch.equal(got, expected)
+        row = params
+        ids, embedded = draw_top_k(
+            logits, row.do_sample, row.temperature, row.top_k, row.seed, frame, codebook, FAST_TOP_K, table
+        )
+        assert torch.equal(ids, expected)
+        assert torch.equal(embedded, table[expected])
     assert params.do_sample.any() and not params.do_sample.all()
 
 
@@ -122,11 +132,13 @@ def test_compiled_sampling_calls_the_kernel(monkeypatch):
     scores, _ = _hard_rows(37, 2048, generator)
     params = _rows(37, generator)
     frame = torch.arange(37, device=DEVICE)
-    compiled = torch.compile(sample_code, dynamic=True, fullgraph=True)
-    ids, code = run_and_get_code(compiled, scores, params, frame, 3, FAST_TOP_K)
+    table = torch.randn(2048, 16, device=DEVICE)
+    compiled = torch.compile(sample_code_and_embed, dynamic=True, fullgraph=True)
+    (ids, embedded), code = run_and_get_code(compiled, scores, params, frame, 3, table, FAST_TOP_K)
     assert any("chorus.draw_top_k" in source for source in code)
     monkeypatch.setattr(sampling, "SELECT_KERNEL_DEVICES", ())
     assert torch.equal(ids, sample_code(scores, params, frame, 3, FAST_TOP_K))
+    assert torch.equal(embedded, table[ids])
 
 
 @pytest.mark.gpu
@@ -136,14 +148,17 @@ def test_cuda_graph_replay_of_compiled_sampling_equals_eager(monkeypatch):
     from chorus.runtime.streams import capture_graph
 
     generator = torch.Generator().manual_seed(5)
-    compiled = torch.compile(sample_code, dynamic=True, fullgraph=True)
+    compiled = torch.compile(sample_code_and_embed, dynamic=True, fullgraph=True)
     scores, _ = _hard_rows(256, 2048, generator)
     params = _rows(256, generator)
     frame = torch.arange(256, device=DEVICE)
-    graph, ids = capture_graph(lambda: compiled(scores, params, frame, 3, FAST_TOP_K))
+    table = torch.randn(2048, 1024, device=DEVICE, dtype=torch.bfloat16)
+    graph, (ids, embedded) = capture_graph(lambda: compiled(scores, params, frame, 3, table, FAST_TOP_K))
     monkeypatch.setattr(sampling, "SELECT_KERNEL_DEVICES", ())
     for _ in range(3):
         scores.copy_(_hard_rows(256, 2048, generator)[0])
         params.top_k.copy_(torch.randint(1, FAST_TOP_K + 1, (256,), generator=generator))
         graph.replay()
-        assert torch.equal(ids, sample_code(scores, params, frame, 3, FAST_TOP_K))
+        expected = sample_code(scores, params, frame, 3, FAST_TOP_K)
+        assert torch.equal(ids, expected)
+        assert torch.equal(embedded, table[expected])

@@ -21,7 +21,7 @@ from chorus.talker.engine.prefill import LENGTH_BUCKETS, PaddedPrefill
 from chorus.talker.models.qwen3_tts_talker import Qwen3TTSModel
 from chorus.talker.models.speaker_encoder import log_mel_spectrogram
 from chorus.talker.prompt import embed_prompts
-from chorus.talker.sampling import FAST_TOP_K, RowParams, SamplingParams, sample_code, sample_code0
+from chorus.talker.sampling import FAST_TOP_K, RowParams, SamplingParams, sample_code0, sample_code_and_embed
 
 LENGTH_BUCKET = 256  # attended-length bucket of the PyTorch attention path
 # Longest run of queries an eager prefill forward attends at once: its attention scores take rows × heads × chunk ×
@@ -86,6 +86,30 @@ class _SlotParams:
 
 def _rows(params: RowParams, rows: slice) -> RowParams:
     return RowParams(*(getattr(params, field.name)[rows] for field in dataclasses.fields(RowParams)))
+
+
+def advance_rows(
+    active: torch.Tensor,
+    hidden: torch.Tensor,
+    code0: torch.Tensor,
+    out_code0: torch.Tensor,
+    last_hidden: torch.Tensor,
+    next_code0: torch.Tensor,
+    position: torch.Tensor,
+    num_generated: torch.Tensor,
+    generated_mask: torch.Tensor,
+) -> None:
+    """Rows one frame on, in place: the sampled `code0 [B]` into `out_code0`; for the rows whose `active [B]` flag is
+    set, the talker's `hidden [B, H]` and `code0` become the next frame's inputs, the position and frame count step,
+    and `code0` joins the ids the repetition penalty sees."""
+    active = active.bool()
+    out_code0.copy_(code0)
+    last_hidden.copy_(torch.where(active[:, None], hidden, last_hidden))
+    next_code0.copy_(torch.where(active, code0, next_code0))
+    position += active.long()
+    num_generated += active.long()
+    seen = generated_mask.scatter(1, code0[:, None], True)
+    generated_mask.copy_(torch.where(active[:, None], seen, generated_mask))
 
 
 class TalkerRunner:
@@ -168,7 +192,8 @@ class TalkerRunner:
         self._staged_code0 = [buffer.numpy() for buffer in self._host_code0]
         self._events = [(torch.cuda.Event(), torch.cuda.Event()) for _ in range(2)] if pinned else None
         self._launches = 0
-        self._sample_code0, self._sample_code = sample_code0, sample_code
+        self._sample_code0, self._sample_code_and_embed = sample_code0, sample_code_and_embed
+        self._advance_rows = advance_rows
         if compile_step and self.device.type == "cuda":
             self._compile(few_rows_matmul)
         # The Triton decode kernels attend only the positions each row has written: one length fits every step,
@@ -194,7 +219,8 @@ class TalkerRunner:
         # A frame's 16 embedding lookups and their sum as one kernel, where eager PyTorch launches 18 a step.
         talker.embed_frame = torch.compile(talker.embed_frame, dynamic=True, fullgraph=True)
         self._sample_code0 = torch.compile(sample_code0, dynamic=True, fullgraph=True)
-        self._sample_code = torch.compile(sample_code, dynamic=True, fullgraph=True)
+        self._sample_code_and_embed = torch.compile(sample_code_and_embed, dynamic=True, fullgraph=True)
+        self._advance_rows = torch.compile(advance_rows, dynamic=True, fullgraph=True)  # 3 kernels, not 11
 
     def warmup(self, capture_positions: int | None = None) -> None:
         """Before the service reports SERVING: run prefills of one and of several rows (compiling their shape
@@ -387,9 +413,10 @@ class TalkerRunner:
         table = self.predictor_table[rows]
         for codebook in range(1, self.config.num_code_groups):
             logits = predictor(inputs, positions, kv_caches, codebook - 1, table)
-            code = self._sample_code(logits, params, frame_index, codebook, top_k_bound)
+            embedding = predictor.embedding(codebook)  # the last codebook's too: one code path, 2 KB a row
+            code, embedded = self._sample_code_and_embed(logits, params, frame_index, codebook, embedding, top_k_bound)
             codes.append(code)
-            inputs = predictor.embed(codebook, code)[:, None]
+            inputs = embedded[:, None]
             positions = codebook_positions[codebook + 1, rows]
         return torch.stack(codes, dim=1)
 
@@ -412,19 +439,15 @@ class TalkerRunner:
         state of the active rows one frame on."""
         rows = slice(0, num_rows)
         talker = self.model.talker
-        active = self.active[rows].bool()
         frames = self.out_frames[rows]
         embeds = talker.embed_frame(frames) + talker.embed_text(self.text_ids[rows])
         positions = self.position[rows].clamp(max=self.max_positions - 1)[:, None]
         hidden, logits = self._talker_step(embeds[:, None], positions, num_rows, attended_length)
         code0 = self._pick_code0(logits, rows, top_k_bound)
-        self.out_code0[rows] = code0
-        self.last_hidden[rows] = torch.where(active[:, None], hidden[:, -1], self.last_hidden[rows])
-        self.next_code0[rows] = torch.where(active, code0, self.next_code0[rows])
-        self.position[rows] += active.long()
-        self.num_generated[rows] += active.long()
-        seen = self.generated_mask[rows].scatter(1, code0[:, None], True)
-        self.generated_mask[rows] = torch.where(active[:, None], seen, self.generated_mask[rows])
+        self._advance_rows(
+            self.active[rows], hidden[:, -1], code0, self.out_code0[rows], self.last_hidden[rows],
+            self.next_code0[rows], self.position[rows], self.num_generated[rows], self.generated_mask[rows],
+        )  # fmt: skip
 
     def _talker_step(self, embeds, positions, num_rows: int, attended_length: int):
         """The talker's forward for one decode token per row over the paged cache: straight through the Triton

@@ -66,6 +66,10 @@ class Qwen3TTSCodePredictor(nn.Module):
         """Talker-width embedding `[..., H]` of `codes [...]` of codebook `codebook` (1..15)."""
         return self.model.codec_embedding[codebook - 1](codes)
 
+    def embedding(self, codebook: int) -> torch.Tensor:
+        """The table `[V, H]` behind `embed(codebook, ...)`."""
+        return self.model.codec_embedding[codebook - 1].weight
+
     def forward(self, inputs_embeds, positions, kv_caches, head_index: int, block_table=None) -> torch.Tensor:
         """Logits `[B, 2048]` for codebook `head_index + 1` from `inputs_embeds [B, T, H_talker]` at `positions`.
 

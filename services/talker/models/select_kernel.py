@@ -6,21 +6,23 @@ a frame that is ~0.4 ms of a ~4.6 ms decode step at batch 1.
 
 How: one program per row holds the whole row in registers (`BLOCK`, the next power of two ≥ V, masked) and maps
 each float32 to a uint32 key that orders like the float: positive floats set the sign bit, negative ones flip every
-bit, so -inf is 0x007FFFFF and padding (key 0) lies below every float. A bitwise binary search from the top bit
-down then finds the largest key t with count(key ≥ t) ≥ k — one reduction over the row per bit, 32 in all — which
-is exactly the k-th largest key, ties counted with multiplicity as `topk(...).values[k - 1]` counts them. The
-float comes back from the key bit for bit (-inf where fewer than k scores are finite, as with topk). The one
+bit, so -inf is 0x007FFFFF and padding (key 0) lies below every float. A search from the top bits down then finds
+the largest key t with count(key ≥ t) ≥ k, `DIGIT_BITS` bits a pass: for each of the 2^DIGIT_BITS next digits one
+reduction over the row counts the keys at or above it (all of them in one 2-D reduction), and the largest digit that
+keeps k is taken — 8 passes at 4 bits, where a binary search takes 32 one after the other. That key is exactly the
+k-th largest, ties counted with multiplicity as `topk(...).values[k - 1]` counts them. The float comes back from the key bit for bit (-inf where fewer than k scores are finite, as with topk). The one
 difference from topk: -0.0 orders below +0.0, which compare equal as floats, so `warped < kth` keeps the same ids.
 
-`draw_top_k` is a code-predictor codebook's whole draw (`sampling.sample_code` on its top-k path) in one program
-per row: temperature, the k-th largest warped score as above, the top-k filter, Gumbel noise from `sampling`'s
-counter hash, and the first of the maxima (greedy rows: of the raw scores). Compiled from PyTorch the draw was four
-launches (the quotient, k's clamp, the selection, the noise and argmax): 45 a frame fewer at every batch size.
+`draw_top_k` is a code-predictor codebook's whole draw (`sampling.sample_code_and_embed` on its top-k path) in one
+program per row: temperature, the k-th largest warped score as above, the top-k filter, Gumbel noise from
+`sampling`'s counter hash, the first of the maxima (greedy rows: of the raw scores), and the drawn id's row of the
+embedding table, the code predictor's next input. Compiled from PyTorch that was five launches (the quotient, k's
+clamp, the selection, the noise and argmax, the lookup): 60 a frame fewer at every batch size.
 
 `kth_largest` and `draw_top_k` are `torch.library.custom_op`s with a fake implementation, so
 `torch.compile(fullgraph=True, dynamic=True)` keeps each as one opaque call (the row length stays a runtime value:
 `BLOCK` is picked per call) and CUDA graphs capture its single launch; neither syncs with the host nor allocates
-beyond its `[B]` output.
+beyond its outputs.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ import triton
 import triton.language as tl
 
 from chorus.talker.models import pdl
-from chorus.talker.models.pdl import wait_for_previous_kernel
+from chorus.talker.models.pdl import let_next_kernel_start, wait_for_previous_kernel
+
+DIGIT_BITS = 4  # bits of the k-th largest key found per pass over the row (see the module docstring)
 
 
 @triton.jit
@@ -42,26 +46,33 @@ def _order_keys(bits, in_row):
 
 
 @triton.jit
-def _kth_largest_value(keys, k):
-    """The k-th largest float of a row from its `_order_keys`: the bitwise binary search of the module docstring."""
+def _kth_largest_value(keys, k, DIGIT_BITS: tl.constexpr):
+    """The k-th largest float of a row from its `_order_keys`: the search of the module docstring, `DIGIT_BITS` a
+    pass."""
+    tl.static_assert(32 % DIGIT_BITS == 0)
     sign = tl.full((), 0x80000000, tl.uint32)
+    digits = tl.arange(0, 1 << DIGIT_BITS).to(tl.uint32)
     threshold = tl.zeros((), tl.uint32)
-    for shift in tl.static_range(31, -1, -1):
-        candidate = threshold | (tl.full((), 1, tl.uint32) << shift)
-        count = tl.sum((keys >= candidate).to(tl.int32), axis=0)
-        threshold = tl.where(count >= k, candidate, threshold)
+    for shift in tl.static_range(32 - DIGIT_BITS, -1, -DIGIT_BITS):
+        candidates = threshold | (digits << shift)
+        counts = tl.sum((keys[:, None] >= candidates[None, :]).to(tl.int32), axis=0)
+        # Counts fall as the digit grows, and digit 0 keeps ≥ k: the largest digit keeping ≥ k is how many others do.
+        digit = tl.sum(((counts >= k) & (digits > 0)).to(tl.uint32), axis=0)
+        threshold = threshold | (digit << shift)
     kth_bits = tl.where((threshold & sign) != 0, threshold & ~sign, ~threshold)
     return kth_bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _kth_largest_kernel(scores_ptr, k_ptr, out_ptr, stride_row, num_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _kth_largest_kernel(
+    scores_ptr, k_ptr, out_ptr, stride_row, num_cols, BLOCK: tl.constexpr, DIGIT_BITS: tl.constexpr, PDL: tl.constexpr
+):
     wait_for_previous_kernel(PDL)  # launched while the kernel writing the scores ends: see `pdl`
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     in_row = cols < num_cols
     bits = tl.load(scores_ptr + row * stride_row + cols, mask=in_row, other=0.0).to(tl.uint32, bitcast=True)
-    kth = _kth_largest_value(_order_keys(bits, in_row), tl.load(k_ptr + row))
+    kth = _kth_largest_value(_order_keys(bits, in_row), tl.load(k_ptr + row), DIGIT_BITS)
     tl.store(out_ptr + row, kth)
 
 
@@ -75,10 +86,14 @@ def _hash32(x):
 
 @triton.jit
 def _draw_top_k_kernel(
-    logits_ptr, do_sample_ptr, temperature_ptr, top_k_ptr, seed_ptr, frame_ptr, out_ptr, stride_row, num_cols,
-    codebook, top_k_bound, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    logits_ptr, do_sample_ptr, temperature_ptr, top_k_ptr, seed_ptr, frame_ptr, table_ptr, out_ptr, embedded_ptr,
+    stride_row, num_cols, stride_table, hidden_size, codebook, top_k_bound, BLOCK: tl.constexpr,
+    BLOCK_HIDDEN: tl.constexpr, DIGIT_BITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     wait_for_previous_kernel(PDL)
+    # One wave of programs, all resident: the next kernel (the code predictor's next projection) may start now and
+    # read its weights while this one searches.
+    let_next_kernel_start(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     in_row = cols < num_cols
@@ -87,7 +102,7 @@ def _draw_top_k_kernel(
         # `warp`: temperature, then the top-k filter through the k-th largest warped score.
         warped = scores / tl.load(temperature_ptr + row)
         k = tl.minimum(tl.maximum(tl.load(top_k_ptr + row), 1), top_k_bound)
-        kth = _kth_largest_value(_order_keys(warped.to(tl.uint32, bitcast=True), in_row), k)
+        kth = _kth_largest_value(_order_keys(warped.to(tl.uint32, bitcast=True), in_row), k, DIGIT_BITS)
         warped = tl.where(warped < kth, float("-inf"), warped)
         # `choose`: Gumbel noise from the hash of (seed, frame, codebook, id), as `sampling.gumbel_noise` draws it.
         seed = tl.load(seed_ptr + row)
@@ -95,7 +110,12 @@ def _draw_top_k_kernel(
         key = _hash32(_hash32(key) ^ (tl.load(frame_ptr + row) * 16 + codebook).to(tl.uint32))
         uniform = ((_hash32(key ^ cols.to(tl.uint32)) >> 9).to(tl.float32) + 0.5) / 8388608.0
         scores = tl.where(in_row, warped + -tl.log(-tl.log(uniform)), float("-inf"))
-    tl.store(out_ptr + row, tl.argmax(scores, axis=0).to(tl.int64))  # the first of equal maxima, as torch's
+    drawn = tl.argmax(scores, axis=0).to(tl.int64)  # the first of equal maxima, as torch's
+    tl.store(out_ptr + row, drawn)
+    hidden = tl.arange(0, BLOCK_HIDDEN)
+    in_hidden = hidden < hidden_size
+    embedded = tl.load(table_ptr + drawn * stride_table + hidden, mask=in_hidden)
+    tl.store(embedded_ptr + row * hidden_size + hidden, embedded, mask=in_hidden)
 
 
 @torch.library.custom_op("chorus::kth_largest", mutates_args=())
@@ -110,8 +130,8 @@ def kth_largest(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         block = triton.next_power_of_2(num_cols)  # 8 warps: 8 or 16 keys a thread at V = 2048 / 3072 (untuned)
         uses_pdl = pdl.enabled(scores)
         _kth_largest_kernel[(batch,)](
-            scores, k.contiguous(), out, scores.stride(0), num_cols, BLOCK=block, PDL=uses_pdl, num_warps=8,
-            launch_pdl=uses_pdl,
+            scores, k.contiguous(), out, scores.stride(0), num_cols, BLOCK=block, DIGIT_BITS=DIGIT_BITS,
+            PDL=uses_pdl, num_warps=8, launch_pdl=uses_pdl,
         )  # fmt: skip
     return out
 
@@ -131,22 +151,28 @@ def draw_top_k(
     frame: torch.Tensor,
     codebook: int,
     top_k_bound: int,
-) -> torch.Tensor:
-    """`sampling.sample_code` in one launch: ids `[B]` (int64) from `logits [B, V]`, the rows' `do_sample`,
-    `temperature`, `top_k` (clamped to 1..`top_k_bound`, top-p off), `seed` and `frame` `[B]`."""
-    assert logits.dim() == 2 and logits.stride(-1) == 1
+    embedding: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sampling.sample_code_and_embed` in one launch: ids `[B]` (int64) from `logits [B, V]`, the rows'
+    `do_sample`, `temperature`, `top_k` (clamped to 1..`top_k_bound`, top-p off), `seed` and `frame` `[B]`; and
+    their rows `[B, H]` of `embedding [V, H]`."""
+    assert logits.dim() == 2 and logits.stride(-1) == 1 and embedding.stride(-1) == 1
     batch, num_cols = logits.shape
     out = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    embedded = embedding.new_empty(batch, embedding.shape[1])
     if batch:
         uses_pdl = pdl.enabled(logits)
         _draw_top_k_kernel[(batch,)](
             logits, do_sample.contiguous(), temperature.contiguous(), top_k.contiguous(), seed.contiguous(),
-            frame.contiguous(), out, logits.stride(0), num_cols, codebook, top_k_bound,
-            BLOCK=triton.next_power_of_2(num_cols), PDL=uses_pdl, num_warps=8, launch_pdl=uses_pdl,
+            frame.contiguous(), embedding, out, embedded, logits.stride(0), num_cols, embedding.stride(0),
+            embedding.shape[1], codebook, top_k_bound, BLOCK=triton.next_power_of_2(num_cols),
+            BLOCK_HIDDEN=triton.next_power_of_2(embedding.shape[1]), DIGIT_BITS=DIGIT_BITS, PDL=uses_pdl,
+            num_warps=8, launch_pdl=uses_pdl,
         )  # fmt: skip
-    return out
+    return out, embedded
 
 
 @draw_top_k.register_fake
-def _(logits, do_sample, temperature, top_k, seed, frame, codebook, top_k_bound) -> torch.Tensor:
-    return torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+def _(logits, do_sample, temperature, top_k, seed, frame, codebook, top_k_bound, embedding):
+    ids = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    return ids, embedding.new_empty(logits.shape[0], embedding.shape[1])
