@@ -47,7 +47,7 @@ def _hard_rows(batch: int, vocab_size: int, generator: torch.Generator) -> tuple
     return scores.to(DEVICE), k.to(DEVICE)
 
 
-@pytest.mark.parametrize("digit_bits", [1, 4])
+@pytest.mark.parametrize("digit_bits", [1, 2, 4])
 @pytest.mark.parametrize("vocab_size", [2048, 3072])
 @pytest.mark.parametrize("batch", [1, 37])
 def test_kth_largest_equals_topk(monkeypatch, batch, vocab_size, digit_bits):
