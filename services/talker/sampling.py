@@ -174,10 +174,10 @@ def sample_code_and_embed(
     if top_k_bound and logits.device.type in SELECT_KERNEL_DEVICES:
         from chorus.talker.models import select_kernel
 
-        row = params
         return select_kernel.draw_top_k(
-            logits, row.do_sample, row.temperature, row.top_k, row.seed, frame, codebook, top_k_bound, embedding
-        )
+            logits, params.do_sample, params.temperature, params.top_k, params.seed, frame, codebook, top_k_bound,
+            embedding,
+        )  # fmt: skip
     ids = sample_code(logits, params, frame, codebook, top_k_bound)
     return ids, torch.nn.functional.embedding(ids, embedding)
 

@@ -114,10 +114,10 @@ def test_draw_top_k_picks_what_sample_code_picks(monkeypatch, vocab_size, dtype)
     table = torch.randn(vocab_size, 40, generator=generator).to(DEVICE, torch.bfloat16)  # 40: a partial block
     for codebook in (1, 15):
         expected = reference(logits, params, frame, codebook, FAST_TOP_K)
-        row = params
         ids, embedded = draw_top_k(
-            logits, row.do_sample, row.temperature, row.top_k, row.seed, frame, codebook, FAST_TOP_K, table
-        )
+            logits, params.do_sample, params.temperature, params.top_k, params.seed, frame, codebook, FAST_TOP_K,
+            table,
+        )  # fmt: skip
         assert torch.equal(ids, expected)
         assert torch.equal(embedded, table[expected])
     assert params.do_sample.any() and not params.do_sample.all()

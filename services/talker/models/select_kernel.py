@@ -94,8 +94,8 @@ def _draw_top_k_kernel(
     BLOCK_HIDDEN: tl.constexpr, DIGIT_BITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     wait_for_previous_kernel(PDL)
-    # One wave of programs, all resident: the next kernel (the code predictor's next projection) may start now and
-    # read its weights while this one searches.
+    # The next kernel (the code predictor's next projection) may start now and read its weights while this one
+    # searches: this one runs a program a row, leaving most of the GPU idle. (Not measured apart from the rest.)
     let_next_kernel_start(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
