@@ -183,7 +183,7 @@ class LocalStack:
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"not healthy after {timeout_s:.0f} s: {', '.join(sorted(pending))}")
             time.sleep(0.2)
-        while not self._is_gateway_ready():
+        while not gateway_ready(f"http://127.0.0.1:{self.ports.rest}"):
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"gateway /ready still false after {timeout_s:.0f} s")
             time.sleep(0.2)
@@ -204,11 +204,6 @@ class LocalStack:
                 return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
-    def _is_gateway_ready(self) -> bool:
-        try:
-            return httpx.get(f"http://127.0.0.1:{self.ports.rest}/ready", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
 
     def _is_serving_again(self, name: str) -> bool:
         """For the supervisor's recovery line: Redis answers PING, a service reports SERVING."""
@@ -245,3 +240,11 @@ class LocalStack:
         if self.redis is not None:
             self.redis.stop()
         return codes
+
+
+def gateway_ready(rest_url: str) -> bool:
+    """Whether the gateway at `rest_url` answers /ready with 200: it serves once its probes have seen its backends."""
+    try:
+        return httpx.get(f"{rest_url}/ready", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -28,6 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from chorus.runtime.processes import free_port
 from chorus.services import SERVICES
+from chorus.stack import gateway_ready
 
 BACKENDS = ("talker", "vocoder", "diffusion")
 
@@ -96,7 +97,7 @@ class Cluster:
         # A gateway serves before its health probes have seen the backends serve (until then it answers 503):
         # wait for its readiness, as a load balancer would.
         for url in self.gateway_urls:
-            while not _is_ready(url):
+            while not gateway_ready(url):
                 assert time.monotonic() < deadline, f"{url} not ready after {timeout_s:.0f} s"
                 time.sleep(0.2)
         self._supervising = True
@@ -188,13 +189,6 @@ class Gone(Exception):
 
 
 _RETRYABLE_STATUS = {502, 503, 504}
-
-
-def _is_ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/ready", timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 async def _gateway_alive(http: httpx.AsyncClient, url: str) -> bool:

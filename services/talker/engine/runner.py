@@ -103,11 +103,12 @@ def advance_rows(
     set, the talker's `hidden [B, H]` and `code0` become the next frame's inputs, the position and frame count step,
     and `code0` joins the ids the repetition penalty sees."""
     active = active.bool()
+    step = active.long()
     out_code0.copy_(code0)
     last_hidden.copy_(torch.where(active[:, None], hidden, last_hidden))
     next_code0.copy_(torch.where(active, code0, next_code0))
-    position += active.long()
-    num_generated += active.long()
+    position += step
+    num_generated += step
     seen = generated_mask.scatter(1, code0[:, None], True)
     generated_mask.copy_(torch.where(active[:, None], seen, generated_mask))
 
