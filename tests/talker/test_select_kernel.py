@@ -97,12 +97,18 @@ def test_warp_through_the_kernel_equals_warp_through_topk(monkeypatch, compiled)
         assert torch.equal(run_warp(scores, params, FAST_TOP_K), expected)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("dtype", "digit_bits"), [(torch.float32, 2), (torch.bfloat16, 2), (torch.bfloat16, 1), (torch.bfloat16, 4)]
+)
 @pytest.mark.parametrize("vocab_size", [2048, 3072])
-def test_draw_top_k_picks_what_sample_code_picks(monkeypatch, vocab_size, dtype):
+def test_draw_top_k_picks_what_sample_code_picks(monkeypatch, vocab_size, dtype, digit_bits):
     """Ties, -inf and +inf rows, greedy rows, seeds past 32 bits: the same ids as the PyTorch draw through topk
     (compiled on CUDA, where Inductor's Triton division is the kernel's; eager in the interpreter), and their rows
-    of the embedding table."""
+    of the embedding table. bf16 logits take the search among 16-bit keys of the logits, fp32 among 32-bit keys of
+    the warped scores."""
+    from chorus.talker.models import select_kernel
+
+    monkeypatch.setattr(select_kernel, "DIGIT_BITS", digit_bits)
     generator = torch.Generator().manual_seed(vocab_size)
     scores, _ = _hard_rows(37, vocab_size, generator)
     logits = scores.to(dtype)

@@ -16,6 +16,10 @@ is exactly the k-th largest, ties counted with multiplicity as `topk(...).values
 comes back from the key bit for bit (-inf where fewer than k scores are finite, as with topk). The one difference
 from topk: -0.0 orders below +0.0, which compare equal as floats, so `warped < kth` keeps the same ids.
 
+Where the scores are logits of 16 bits (bf16, fp16), `draw_top_k` searches their 16-bit keys, 8 passes at 2 bits:
+a temperature > 0 divides without reversing any order, so the k-th largest warped score is the k-th largest logit
+divided by it, bit for bit.
+
 `draw_top_k` is a code-predictor codebook's whole draw (`sampling.sample_code_and_embed` on its top-k path) in one
 program per row: temperature, the k-th largest warped score as above, the top-k filter, Gumbel noise from
 `sampling`'s counter hash, the first of the maxima (greedy rows: of the raw scores), and the drawn id's row of the
@@ -41,29 +45,31 @@ DIGIT_BITS = 2  # bits of the k-th largest key found per pass over the row (see 
 
 
 @triton.jit
-def _order_keys(bits, in_row):
-    """float32 bit patterns → uint32 keys that order like the floats; 0 (below every float) outside the row."""
-    sign = tl.full((), 0x80000000, tl.uint32)
-    keys = tl.where((bits & sign) != 0, ~bits, bits | sign)
+def _order_keys(bits, in_row, KEY_BITS: tl.constexpr):
+    """Float bit patterns `KEY_BITS` wide (32, or 16 for bf16 / fp16, held in uint32) → uint32 keys that order like
+    the floats; 0 (below every float) outside the row."""
+    sign = tl.full((), 1 << (KEY_BITS - 1), tl.uint32)
+    ones = tl.full((), (1 << KEY_BITS) - 1, tl.uint32)
+    keys = tl.where((bits & sign) != 0, bits ^ ones, bits | sign)
     return tl.where(in_row, keys, tl.zeros_like(keys))
 
 
 @triton.jit
-def _kth_largest_value(keys, k, DIGIT_BITS: tl.constexpr):
-    """The k-th largest float of a row from its `_order_keys`: the search of the module docstring, `DIGIT_BITS` a
-    pass."""
-    tl.static_assert(32 % DIGIT_BITS == 0)
-    sign = tl.full((), 0x80000000, tl.uint32)
+def _kth_largest_bits(keys, k, DIGIT_BITS: tl.constexpr, KEY_BITS: tl.constexpr):
+    """The bit pattern (`KEY_BITS` wide, in uint32) of the k-th largest float of a row from its `_order_keys`: the
+    search of the module docstring, `DIGIT_BITS` a pass."""
+    tl.static_assert(KEY_BITS % DIGIT_BITS == 0)
+    sign = tl.full((), 1 << (KEY_BITS - 1), tl.uint32)
+    ones = tl.full((), (1 << KEY_BITS) - 1, tl.uint32)
     digits = tl.arange(0, 1 << DIGIT_BITS).to(tl.uint32)
     threshold = tl.zeros((), tl.uint32)
-    for shift in tl.static_range(32 - DIGIT_BITS, -1, -DIGIT_BITS):
+    for shift in tl.static_range(KEY_BITS - DIGIT_BITS, -1, -DIGIT_BITS):
         candidates = threshold | (digits << shift)
         counts = tl.sum((keys[:, None] >= candidates[None, :]).to(tl.int32), axis=0)
         # Counts fall as the digit grows, and digit 0 keeps ≥ k: the largest digit keeping ≥ k is how many others do.
         digit = tl.sum(((counts >= k) & (digits > 0)).to(tl.uint32), axis=0)
         threshold = threshold | (digit << shift)
-    kth_bits = tl.where((threshold & sign) != 0, threshold & ~sign, ~threshold)
-    return kth_bits.to(tl.float32, bitcast=True)
+    return tl.where((threshold & sign) != 0, threshold ^ sign, threshold ^ ones)
 
 
 @triton.jit
@@ -75,8 +81,8 @@ def _kth_largest_kernel(
     cols = tl.arange(0, BLOCK)
     in_row = cols < num_cols
     bits = tl.load(scores_ptr + row * stride_row + cols, mask=in_row, other=0.0).to(tl.uint32, bitcast=True)
-    kth = _kth_largest_value(_order_keys(bits, in_row), tl.load(k_ptr + row), DIGIT_BITS)
-    tl.store(out_ptr + row, kth)
+    kth_bits = _kth_largest_bits(_order_keys(bits, in_row, 32), tl.load(k_ptr + row), DIGIT_BITS, 32)
+    tl.store(out_ptr + row, kth_bits.to(tl.float32, bitcast=True))
 
 
 @triton.jit
@@ -91,7 +97,7 @@ def _hash32(x):
 def _draw_top_k_kernel(
     logits_ptr, do_sample_ptr, temperature_ptr, top_k_ptr, seed_ptr, frame_ptr, table_ptr, out_ptr, embedded_ptr,
     stride_row, num_cols, stride_table, hidden_size, codebook, top_k_bound, BLOCK: tl.constexpr,
-    BLOCK_HIDDEN: tl.constexpr, DIGIT_BITS: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_HIDDEN: tl.constexpr, DIGIT_BITS: tl.constexpr, KEY_BITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     wait_for_previous_kernel(PDL)
     # The next kernel (the code predictor's next projection) may start now and read its weights while this one
@@ -100,12 +106,22 @@ def _draw_top_k_kernel(
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     in_row = cols < num_cols
-    scores = tl.load(logits_ptr + row * stride_row + cols, mask=in_row, other=float("-inf")).to(tl.float32)
+    logits = tl.load(logits_ptr + row * stride_row + cols, mask=in_row, other=float("-inf"))
+    scores = logits.to(tl.float32)
     if tl.load(do_sample_ptr + row) != 0:
         # `warp`: temperature, then the top-k filter through the k-th largest warped score.
-        warped = scores / tl.load(temperature_ptr + row)
+        temperature = tl.load(temperature_ptr + row)
+        warped = scores / temperature
         k = tl.minimum(tl.maximum(tl.load(top_k_ptr + row), 1), top_k_bound)
-        kth = _kth_largest_value(_order_keys(warped.to(tl.uint32, bitcast=True), in_row), k, DIGIT_BITS)
+        if KEY_BITS == 16:
+            # Dividing by a temperature > 0 never reverses an order, so the k-th largest warped score is the k-th
+            # largest logit divided the same way, bit for bit: searched among 16-bit keys, half the passes.
+            bits = logits.to(tl.uint16, bitcast=True).to(tl.uint32)
+            kth_bits = _kth_largest_bits(_order_keys(bits, in_row, 16), k, DIGIT_BITS, 16)
+            kth = kth_bits.to(tl.uint16).to(logits.dtype, bitcast=True).to(tl.float32) / temperature
+        else:
+            kth_bits = _kth_largest_bits(_order_keys(warped.to(tl.uint32, bitcast=True), in_row, 32), k, DIGIT_BITS, 32)
+            kth = kth_bits.to(tl.float32, bitcast=True)
         warped = tl.where(warped < kth, float("-inf"), warped)
         # `choose`: Gumbel noise from the hash of (seed, frame, codebook, id), as `sampling.gumbel_noise` draws it.
         seed = tl.load(seed_ptr + row)
@@ -160,6 +176,7 @@ def draw_top_k(
     `do_sample`, `temperature`, `top_k` (clamped to 1..`top_k_bound`, top-p off), `seed` and `frame` `[B]`; and
     their rows `[B, H]` of `embedding [V, H]`."""
     assert logits.dim() == 2 and logits.stride(-1) == 1 and embedding.stride(-1) == 1
+    assert logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
     batch, num_cols = logits.shape
     out = torch.empty(batch, dtype=torch.int64, device=logits.device)
     embedded = embedding.new_empty(batch, embedding.shape[1])
@@ -169,8 +186,8 @@ def draw_top_k(
             logits, do_sample.contiguous(), temperature.contiguous(), top_k.contiguous(), seed.contiguous(),
             frame.contiguous(), embedding, out, embedded, logits.stride(0), num_cols, embedding.stride(0),
             embedding.shape[1], codebook, top_k_bound, BLOCK=triton.next_power_of_2(num_cols),
-            BLOCK_HIDDEN=triton.next_power_of_2(embedding.shape[1]), DIGIT_BITS=DIGIT_BITS, PDL=uses_pdl,
-            num_warps=8, launch_pdl=uses_pdl,
+            BLOCK_HIDDEN=triton.next_power_of_2(embedding.shape[1]), DIGIT_BITS=DIGIT_BITS,
+            KEY_BITS=8 * logits.element_size(), PDL=uses_pdl, num_warps=8, launch_pdl=uses_pdl,
         )  # fmt: skip
     return out, embedded
 
