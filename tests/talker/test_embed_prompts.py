@@ -1,8 +1,10 @@
 """A batch of prompts embedded together is each prompt embedded alone (to rounding: GEMM blocking varies with the
 number of rows), right-padded with zeros. The engine embeds every prefill batch in one go, whatever mix of voices
-and prompt layouts it holds."""
+and prompt layouts it holds. A frame's codes embed alike through one fused table."""
 
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -57,3 +59,28 @@ def test_prefix_frames_take_the_positions_their_decode_steps_fed(tiny_loaded):
         decode_inputs = talker.embed_frame(frames) + talker.embed_text(torch.tensor(text_ids))
     assert length == head + 5
     torch.testing.assert_close(embeds[0, head:], decode_inputs, rtol=1e-6, atol=1e-6)
+
+
+def test_the_fused_frame_table_embeds_frames_as_the_separate_tables_do(tiny_loaded):
+    """`fuse_frame_embeddings` (serving on CUDA) gathers a frame's 16 rows from one table: the same sums, bit for
+    bit, and the same checkpoint keys, each embedding's weight now a view of the table."""
+    talker = copy.deepcopy(tiny_loaded.model.talker)
+    config = tiny_loaded.config
+    generator = torch.Generator().manual_seed(3)
+    codes = torch.cat(
+        (
+            torch.randint(0, config.codec_vocab_size, (4, 7, 1), generator=generator),
+            torch.randint(0, config.code_vocab_size, (4, 7, config.num_code_groups - 1), generator=generator),
+        ),
+        dim=-1,
+    )
+    codes[0, 0, 0], codes[0, 0, 1:] = config.codec_vocab_size - 1, config.code_vocab_size - 1  # each table's last row
+    keys = set(talker.state_dict())
+    with torch.inference_mode():
+        separate = talker.embed_frame(codes)
+        talker.fuse_frame_embeddings()
+        fused = talker.embed_frame(codes)
+    assert torch.equal(fused, separate)
+    assert set(talker.state_dict()) == keys
+    last = talker.code_predictor.model.codec_embedding[-1].weight
+    assert last.data_ptr() == talker.frame_table[-config.code_vocab_size :].data_ptr()

@@ -218,6 +218,7 @@ class TalkerRunner:
         talker.model.optimize_for_decode(few_rows_matmul)
         talker.code_predictor.model.optimize_for_decode(few_rows_matmul)
         # A frame's 16 embedding lookups and their sum as one kernel, where eager PyTorch launches 18 a step.
+        talker.fuse_frame_embeddings()
         talker.embed_frame = torch.compile(talker.embed_frame, dynamic=True, fullgraph=True)
         self._sample_code0 = torch.compile(sample_code0, dynamic=True, fullgraph=True)
         self._sample_code_and_embed = torch.compile(sample_code_and_embed, dynamic=True, fullgraph=True)

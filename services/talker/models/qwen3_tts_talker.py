@@ -94,6 +94,8 @@ class Qwen3TTSTalker(nn.Module):
         self.text_projection = Qwen3TTSTextProjection(config.text_hidden_size, config.talker.hidden_size)
         self.codec_head = nn.Linear(config.talker.hidden_size, config.codec_vocab_size, bias=False)
         self.code_predictor = Qwen3TTSCodePredictor(config)
+        self.frame_table: torch.Tensor | None = None  # set by `fuse_frame_embeddings`
+        self.frame_offsets: torch.Tensor | None = None
 
     def embed_text(self, text_ids: torch.Tensor) -> torch.Tensor:
         """`text_ids [...]` → projected text embeddings `[..., H]`."""
@@ -105,9 +107,26 @@ class Qwen3TTSTalker(nn.Module):
 
     def embed_frame(self, codes: torch.Tensor) -> torch.Tensor:
         """`codes [..., 16]` of whole frames → `[..., H]`: C(c0) + Σ_j CPemb[j-1](c_j), summed in one reduction."""
+        if self.frame_table is not None:  # the same 16 rows, gathered at once
+            return F.embedding(codes + self.frame_offsets, self.frame_table).sum(-2)
         parts = [self.embed_codec(codes[..., 0])]
         parts += [self.code_predictor.embed(j, codes[..., j]) for j in range(1, codes.shape[-1])]
         return torch.stack(parts, dim=-2).sum(-2)
+
+    def fuse_frame_embeddings(self) -> None:
+        """One table for a frame's 16 lookups (serving only, like `Qwen3Attention.fuse_projections`): the codec
+        embedding's rows, then each code-predictor codebook's. Each embedding's weight becomes a view of its rows, so
+        no table is held twice and the state-dict keys stay the checkpoint's; compiled, `embed_frame` is then one
+        gather-and-sum kernel, where 16 separate lookups compiled to 17 kernels."""
+        embeddings = [self.model.codec_embedding, *self.code_predictor.model.codec_embedding]
+        table = torch.cat([embedding.weight.detach() for embedding in embeddings])
+        offsets, start = [], 0
+        for embedding in embeddings:
+            embedding.weight = nn.Parameter(table[start : start + embedding.num_embeddings], requires_grad=False)
+            offsets.append(start)
+            start += embedding.num_embeddings
+        self.frame_table = table
+        self.frame_offsets = torch.tensor(offsets, device=table.device)
 
     def forward(self, inputs_embeds, positions, kv_caches, attended_length: int, block_table=None):
         """`inputs_embeds [B, T, H]` at `positions [B, T]` → (post-norm hidden `[B, T, H]`, logits of the last
