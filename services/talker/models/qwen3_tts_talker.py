@@ -116,8 +116,8 @@ class Qwen3TTSTalker(nn.Module):
     def fuse_frame_embeddings(self) -> None:
         """One table for a frame's 16 lookups (serving only, like `Qwen3Attention.fuse_projections`): the codec
         embedding's rows, then each code-predictor codebook's. Each embedding's weight becomes a view of its rows, so
-        no table is held twice and the state-dict keys stay the checkpoint's; compiled, `embed_frame` is then one
-        gather-and-sum kernel, where 16 separate lookups compiled to 17 kernels."""
+        no table is held twice and the state-dict keys stay the checkpoint's. Compiled, 16 separate lookups were 17
+        kernels a step (bench/results/kernels-20261126-215350); one gather and its sum leave Inductor one to fuse."""
         embeddings = [self.model.codec_embedding, *self.code_predictor.model.codec_embedding]
         table = torch.cat([embedding.weight.detach() for embedding in embeddings])
         offsets, start = [], 0
