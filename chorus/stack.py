@@ -204,7 +204,6 @@ class LocalStack:
                 return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
-
     def _is_serving_again(self, name: str) -> bool:
         """For the supervisor's recovery line: Redis answers PING, a service reports SERVING."""
         if name == "redis":
