@@ -97,7 +97,6 @@ def measure_ours(args: argparse.Namespace, device: torch.device, dtype: torch.dt
             use_cuda_graphs=not args.eager,
             compile_step=not args.no_compile,
             few_rows_matmul=not args.no_few_rows_matmul,
-            rows_per_lane=args.rows_per_lane,
         )
         engine = TalkerEngine(loaded, config)
         if device.type == "cuda":
@@ -159,9 +158,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--no-few-rows-matmul", action="store_true", help="cuBLAS and compiled code at every batch (no few_rows_matmul)"
     )
-    parser.add_argument(
-        "--rows-per-lane", type=int, default=EngineConfig.rows_per_lane, help="decode lanes of this many rows (0: one)"
-    )
     parser.add_argument("--reference-script", type=Path, default=BASELINE_SCRIPT)
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
@@ -181,7 +177,6 @@ def main(argv: list[str] | None = None) -> dict:
             "cuda_graphs": not args.eager and device.type == "cuda",
             "compiled_step": not args.no_compile and device.type == "cuda",
             "few_rows_matmul": not args.no_few_rows_matmul and not args.no_compile and device.type == "cuda",
-            "rows_per_lane": args.rows_per_lane if not args.eager and device.type == "cuda" else 0,
             "weights": "dummy (random)",
         },
         "ours": ours,

@@ -59,11 +59,6 @@ class TalkerConfig(ServiceConfig):
         "rows, each projection with its norm, residual add or SwiGLU fused in, instead of cuBLAS and compiled "
         "element-wise kernels (six launches a layer instead of nine).",
     )
-    rows_per_lane: int = option(
-        0,
-        "With CUDA graphs: a decode step of more rows splits them into lanes of this many, each on a CUDA stream of "
-        "its own, so the lanes' small kernels run side by side (0: one lane).",
-    )
     cache_dir: str = option("~/.cache/chorus", "Where generated files (the tiny checkpoint, tokenizers) are kept.")
 
     def __post_init__(self) -> None:
@@ -71,5 +66,3 @@ class TalkerConfig(ServiceConfig):
             raise ValueError(f"kv_memory_fraction: must be in (0, 1], got {self.kv_memory_fraction}")
         if self.max_streams < 0 or self.kv_cache_positions < 0:
             raise ValueError("max_streams and kv_cache_positions: must be at least 0 (0: sized automatically)")
-        if self.rows_per_lane < 0:
-            raise ValueError(f"rows_per_lane: must be at least 0 (0: one lane), got {self.rows_per_lane}")

@@ -269,7 +269,6 @@ class TalkerService(Service):
             use_cuda_graphs=config.use_cuda_graphs,
             compile_step=config.compile_step,
             few_rows_matmul=config.few_rows_matmul,
-            rows_per_lane=config.rows_per_lane,
             stream_priority=self.stream_priority,
         )
         engine = TalkerEngine(loaded, engine_config)

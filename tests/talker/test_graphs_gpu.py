@@ -55,34 +55,6 @@ def test_graph_replay_equals_eager(tiny_loaded, dtype, compile_step):
         np.testing.assert_array_equal(eager, replayed)
 
 
-@pytest.mark.parametrize("compile_step", [False, True])
-def test_each_lane_computes_what_a_batch_of_its_size_computes(tiny_loaded, compile_step):
-    """Eight rows in two lanes of four, side by side on two streams, make the frames four rows make alone: the
-    second lane's rows (slots 4-7) repeat the first lane's requests, and both equal an engine of four slots."""
-    model = build_random(TINY_CONFIG, TINY_SEED, device="cuda", dtype=torch.bfloat16)
-    loaded = LoadedTalker(model, tiny_loaded.tokenizer, tiny_loaded.sampling_defaults)
-    results = {}
-    for num_slots, rows_per_lane in ((4, 0), (8, 4)):
-        config = EngineConfig(
-            max_streams=num_slots, max_positions=512, max_frames=24, max_buffered_frames=24,
-            max_prefills_per_step=4, compile_step=compile_step, rows_per_lane=rows_per_lane,
-        )  # fmt: skip
-        engine = TalkerEngine(loaded, config)
-        engine.runner.warmup()
-        voice = engine.voice_request("custom_voice", "One sentence for every lane.", speaker="ryan")
-        streams = [
-            engine.submit(f"{num_slots}-{index}", voice, SamplingParams(seed=index % 4), max_frames=24, ignore_eos=True)
-            for index in range(num_slots)
-        ]
-        engine.run_until_idle()
-        results[num_slots] = [stream.collect() for stream in streams]
-        assert engine.runner.rows_per_lane == rows_per_lane
-    alone, laned = results[4], results[8]
-    for index, frames in enumerate(laned):
-        np.testing.assert_array_equal(frames, alone[index % 4], err_msg=f"row {index}")
-    assert not np.array_equal(alone[0], alone[1]), "different seeds make different frames"
-
-
 def test_compiled_layers_match_plain_modules():
     torch.manual_seed(0)
     results = []

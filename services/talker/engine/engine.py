@@ -67,7 +67,6 @@ class EngineConfig:
     use_cuda_graphs: bool = True
     compile_step: bool = False
     few_rows_matmul: bool = True  # with compile_step on CUDA: decode steps of ≤ 2 rows through fused Triton kernels
-    rows_per_lane: int = 0  # with CUDA graphs: a step of more rows runs in lanes of this many, side by side (0: one)
     stream_priority: int | None = None  # run on a CUDA stream of this priority (None: the default stream)
     kv_memory_fraction: float = 0.5  # leaves the rest to graphs and the engines beside it on the same GPU
 
@@ -116,7 +115,6 @@ class TalkerEngine:
             config.compile_step,
             kv_cache_positions,
             config.few_rows_matmul,
-            config.rows_per_lane,
         )
         self.kv_blocks = self.runner.kv_blocks
         pad_id = self.model_config.text_ids.tts_pad

@@ -125,12 +125,9 @@ class TalkerRunner:
         compile_step: bool = False,
         kv_cache_positions: int = 0,
         few_rows_matmul: bool = True,
-        rows_per_lane: int = 0,
     ):
         """`kv_cache_positions`: the talker's KV pool, shared by all slots (0: every slot's `max_positions`).
-        `few_rows_matmul`: with `compile_step`, decode steps of at most 2 rows take `few_rows_matmul` (CUDA).
-        `rows_per_lane`: with CUDA graphs, a captured step of more rows splits them into lanes of this many, each
-        on a CUDA stream of its own (0: one lane)."""
+        `few_rows_matmul`: with `compile_step`, decode steps of at most 2 rows take `few_rows_matmul` (CUDA)."""
         self.model = model
         self.config = model.config
         weight = model.talker.codec_head.weight
@@ -209,10 +206,6 @@ class TalkerRunner:
             from chorus.talker.engine.graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self)
-        # Lanes run concurrently only inside captured graphs: eager work on side streams would need every tensor's
-        # lifetime recorded on each stream that reads it.
-        self.rows_per_lane = rows_per_lane if self.graphs is not None else 0
-        self._lane_streams: list[torch.cuda.Stream] = []
         self.padded_prefill = None  # on CUDA, prefills run padded to buckets (and replayed, with graphs)
         if self.device.type == "cuda":
             self.padded_prefill = PaddedPrefill(model.talker.model, self.talker_cache, self.graphs is not None)
@@ -407,8 +400,9 @@ class TalkerRunner:
         """The codebook-0 ids sampled for `slots`' next frames; waits for the device."""
         return self.next_code0[self._upload(slots, torch.long)].tolist()
 
-    def _predict_frame(self, rows: slice, top_k_bound: int) -> torch.Tensor:
-        """Codebooks 1..15 for `rows` → whole frames `[n, 16]`."""
+    def _predict_frame(self, num_rows: int, top_k_bound: int) -> torch.Tensor:
+        """Codebooks 1..15 for rows `[0, num_rows)` → whole frames `[n, 16]`."""
+        rows = slice(0, num_rows)
         talker, predictor = self.model.talker, self.model.talker.code_predictor
         kv_caches = self._cache_views(self.predictor_cache, rows)
         params = _rows(self.params.predictor, rows)
@@ -418,7 +412,7 @@ class TalkerRunner:
         first_positions, codebook_positions = self.predictor_positions
         positions = first_positions[rows]
         codes = [code0]
-        table = self.predictor_table[: rows.stop - rows.start]  # blocks of `kv_caches`, views from `rows.start` on
+        table = self.predictor_table[rows]
         for codebook in range(1, self.config.num_code_groups):
             logits = predictor(inputs, positions, kv_caches, codebook - 1, table)
             embedding = predictor.embedding(codebook)  # the last codebook's too: one code path, 2 KB a row
@@ -440,57 +434,28 @@ class TalkerRunner:
 
     def predict_compute(self, num_rows: int, top_k_bound: int) -> None:
         """The frame of rows `[0, num_rows)` (the code predictor's 15 steps) into `out_frames`."""
-
-        def predict(rows: slice) -> None:
-            self.out_frames[rows] = self._predict_frame(rows, top_k_bound)
-
-        self._in_lanes(num_rows, predict)
+        self.out_frames[:num_rows] = self._predict_frame(num_rows, top_k_bound)
 
     def advance_compute(self, num_rows: int, attended_length: int, top_k_bound: int) -> None:
         """The talker's forward over the frames in `out_frames`: the next codebook-0 ids into `out_code0`, and the
         state of the active rows one frame on."""
-        self._in_lanes(num_rows, lambda rows: self._advance(rows, attended_length, top_k_bound))
-
-    def _in_lanes(self, num_rows: int, compute) -> None:
-        """`compute(rows)` for each lane of rows `[0, num_rows)`: the first on the current stream, the others on
-        side streams that start and end with it, so their kernels run side by side. A decode step's kernels are too
-        small to fill the GPU one at a time (a 64-row projection reads its weights at a fraction of the memory
-        bandwidth); two lanes' kernels overlap, and every row computes what a batch of its lane's size would."""
-        per_lane = self.rows_per_lane or num_rows
-        lanes = [slice(start, min(start + per_lane, num_rows)) for start in range(0, num_rows, per_lane)]
-        if len(lanes) == 1:
-            compute(lanes[0])
-            return
-        main = torch.cuda.current_stream(self.device)
-        while len(self._lane_streams) < len(lanes) - 1:
-            self._lane_streams.append(torch.cuda.Stream(self.device, priority=main.priority))
-        side = self._lane_streams[: len(lanes) - 1]
-        for stream in side:
-            stream.wait_stream(main)
-        compute(lanes[0])
-        for rows, stream in zip(lanes[1:], side, strict=True):
-            with torch.cuda.stream(stream):
-                compute(rows)
-        for stream in side:
-            main.wait_stream(stream)
-
-    def _advance(self, rows: slice, attended_length: int, top_k_bound: int) -> None:
+        rows = slice(0, num_rows)
         talker = self.model.talker
         frames = self.out_frames[rows]
         embeds = talker.embed_frame(frames) + talker.embed_text(self.text_ids[rows])
         positions = self.position[rows].clamp(max=self.max_positions - 1)[:, None]
-        hidden, logits = self._talker_step(embeds[:, None], positions, rows, attended_length)
+        hidden, logits = self._talker_step(embeds[:, None], positions, num_rows, attended_length)
         code0 = self._pick_code0(logits, rows, top_k_bound)
         self._advance_rows(
             self.active[rows], hidden[:, -1], code0, self.out_code0[rows], self.last_hidden[rows],
             self.next_code0[rows], self.position[rows], self.num_generated[rows], self.generated_mask[rows],
         )  # fmt: skip
 
-    def _talker_step(self, embeds, positions, rows: slice, attended_length: int):
-        """The talker's forward for one decode token per row of `rows` over the paged cache: straight through the
-        Triton kernels where they apply, else over a gathered copy of the rows' blocks whose new entries are
-        written back."""
-        talker, table = self.model.talker, self.kv_blocks.table[rows]
+    def _talker_step(self, embeds, positions, num_rows: int, attended_length: int):
+        """The talker's forward for one decode token per row over the paged cache: straight through the Triton
+        kernels where they apply, else over a gathered copy of the rows' blocks whose new entries are written
+        back."""
+        talker, table = self.model.talker, self.kv_blocks.table[:num_rows]
         if talker.model.uses_kernels(1):
             return talker(embeds, positions, list(self.talker_cache), attended_length, table)
         table = table[:, : blocks_for(attended_length)].long()
@@ -499,12 +464,12 @@ class TalkerRunner:
         # them, and nothing of it is written back.
         positions = positions.clamp(max=gathered[0].shape[3] - 1)
         hidden, logits = talker(embeds, positions, gathered, attended_length)
-        local_rows, position = torch.arange(table.shape[0], device=self.device), positions[:, 0]
-        advancing = self.active[rows].bool()
-        block = torch.where(advancing, table[local_rows, position // BLOCK_SIZE], SPARE_BLOCK)
+        rows, position = torch.arange(num_rows, device=self.device), positions[:, 0]
+        advancing = self.active[:num_rows].bool()
+        block = torch.where(advancing, table[rows, position // BLOCK_SIZE], SPARE_BLOCK)
         offset = position % BLOCK_SIZE
         for layer, copy in zip(self.talker_cache, gathered, strict=True):
-            layer[:, block, :, offset] = copy[:, local_rows, :, position]
+            layer[:, block, :, offset] = copy[:, rows, :, position]
         return hidden, logits
 
     @torch.inference_mode()
