@@ -137,7 +137,8 @@ class GenerationRun(JournaledRun):
 def _encode(response_format: str, pcm: list[common_pb2.PcmChunk]) -> tuple[bytes, bytes, int]:
     """The encoded file as (body, tail) and its length in samples. Runs in a worker thread, so the encoder lives
     and dies there: a run cancelled meanwhile leaves the thread to finish with it. Every format goes there, wav
-    too (unlike a speech chunk, see `StreamingEncoder.encode_async`): converting a whole 10 s file takes ms."""
+    too (unlike a speech chunk, see `StreamingEncoder.encode_async`), though for wav and pcm the service sends
+    int16 samples already (`jobs.start_generation`) and encoding them is a copy."""
     samples = np.concatenate([chunk_to_pcm(chunk) for chunk in pcm])
     encoder = StreamingEncoder(response_format, pcm[0].sample_rate_hz, samples.shape[1])
     try:

@@ -15,6 +15,7 @@ import secrets
 from collections.abc import AsyncIterator
 from pathlib import PurePath
 
+from chorus.gateway.audio import FORMATS
 from chorus.gateway.context import GatewayContext
 from chorus.gateway.frame_log import FRAME_BYTES
 from chorus.gateway.generation_run import GenerationRun
@@ -32,12 +33,15 @@ from chorus.gateway.state.voices import Voice
 from chorus.gateway.talker_request import synthesis_request
 from chorus.gateway.voices import speech_in, voice_clone
 from chorus.runtime.errors import NotFound, Unavailable
-from chorus.v1 import diffusion_pb2, talker_pb2
+from chorus.v1 import common_pb2, diffusion_pb2, talker_pb2
 
 PROGRESS_POLL_INTERVAL_S = 0.1
 IDEMPOTENCY_TTL_S = 86_400
 DIFFUSION_MODEL = "stable-audio-open-1.0"  # what /v1/models lists for the diffusion service
 DRAINING = "this gateway process is shutting down; retry (another process takes new requests)"
+# By whether the file is 16-bit PCM: then the service converts the samples on its GPU, the wire carries half the
+# bytes, and the encoder writes them as they come; every other format encodes from the float samples.
+_SAMPLE_FORMATS = {True: common_pb2.SAMPLE_FORMAT_PCM_S16LE, False: common_pb2.SAMPLE_FORMAT_PCM_F32LE}
 
 
 async def _admit(
@@ -108,6 +112,7 @@ async def start_generation(
         num_steps=body.num_steps or 0,
         guidance_scale=body.guidance_scale,
         seed=_seed(body.seed),
+        sample_format=_SAMPLE_FORMATS[FORMATS[body.response_format].is_s16_pcm],
     )
     spec = GenerationSpec(request, body.response_format)
     fields = {"kind": "audio", "model": body.model, "response_format": body.response_format}

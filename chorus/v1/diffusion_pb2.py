@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from chorus.v1 import common_pb2 as chorus_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63horus/v1/diffusion.proto\x12\tchorus.v1\x1a\x16\x63horus/v1/common.proto\"\xe7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x17\n\x0fnegative_prompt\x18\x03 \x01(\t\x12\x12\n\nduration_s\x18\x04 \x01(\x02\x12\x0f\n\x07start_s\x18\x05 \x01(\x02\x12\x11\n\tnum_steps\x18\x06 \x01(\r\x12\x1b\n\x0eguidance_scale\x18\x07 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x01\x88\x01\x01\x12\x13\n\x0bnum_outputs\x18\t \x01(\rB\x11\n\x0f_guidance_scaleB\x07\n\x05_seed\"8\n\x05\x41udio\x12\r\n\x05index\x18\x01 \x01(\r\x12 \n\x03pcm\x18\x02 \x01(\x0b\x32\x13.chorus.v1.PcmChunk\"\x89\x01\n\x0eGenerateOutput\x12\'\n\x08progress\x18\x01 \x01(\x0b\x32\x13.chorus.v1.ProgressH\x00\x12!\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x10.chorus.v1.AudioH\x00\x12!\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x10.chorus.v1.FinalH\x00\x42\x08\n\x06output2\x8d\x01\n\tDiffusion\x12\x43\n\x08Generate\x12\x1a.chorus.v1.GenerateRequest\x1a\x19.chorus.v1.GenerateOutput0\x01\x12;\n\x07GetLoad\x12\x19.chorus.v1.GetLoadRequest\x1a\x15.chorus.v1.LoadReportb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63horus/v1/diffusion.proto\x12\tchorus.v1\x1a\x16\x63horus/v1/common.proto\"\x97\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x17\n\x0fnegative_prompt\x18\x03 \x01(\t\x12\x12\n\nduration_s\x18\x04 \x01(\x02\x12\x0f\n\x07start_s\x18\x05 \x01(\x02\x12\x11\n\tnum_steps\x18\x06 \x01(\r\x12\x1b\n\x0eguidance_scale\x18\x07 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x01\x88\x01\x01\x12\x13\n\x0bnum_outputs\x18\t \x01(\r\x12.\n\rsample_format\x18\n \x01(\x0e\x32\x17.chorus.v1.SampleFormatB\x11\n\x0f_guidance_scaleB\x07\n\x05_seed\"8\n\x05\x41udio\x12\r\n\x05index\x18\x01 \x01(\r\x12 \n\x03pcm\x18\x02 \x01(\x0b\x32\x13.chorus.v1.PcmChunk\"\x89\x01\n\x0eGenerateOutput\x12\'\n\x08progress\x18\x01 \x01(\x0b\x32\x13.chorus.v1.ProgressH\x00\x12!\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x10.chorus.v1.AudioH\x00\x12!\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x10.chorus.v1.FinalH\x00\x42\x08\n\x06output2\x8d\x01\n\tDiffusion\x12\x43\n\x08Generate\x12\x1a.chorus.v1.GenerateRequest\x1a\x19.chorus.v1.GenerateOutput0\x01\x12;\n\x07GetLoad\x12\x19.chorus.v1.GetLoadRequest\x1a\x15.chorus.v1.LoadReportb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,11 +33,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'chorus.v1.diffusion_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=65
-  _globals['_GENERATEREQUEST']._serialized_end=296
-  _globals['_AUDIO']._serialized_start=298
-  _globals['_AUDIO']._serialized_end=354
-  _globals['_GENERATEOUTPUT']._serialized_start=357
-  _globals['_GENERATEOUTPUT']._serialized_end=494
-  _globals['_DIFFUSION']._serialized_start=497
-  _globals['_DIFFUSION']._serialized_end=638
+  _globals['_GENERATEREQUEST']._serialized_end=344
+  _globals['_AUDIO']._serialized_start=346
+  _globals['_AUDIO']._serialized_end=402
+  _globals['_GENERATEOUTPUT']._serialized_start=405
+  _globals['_GENERATEOUTPUT']._serialized_end=542
+  _globals['_DIFFUSION']._serialized_start=545
+  _globals['_DIFFUSION']._serialized_end=686
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "negative_prompt", "duration_s", "start_s", "num_steps", "guidance_scale", "seed", "num_outputs")
+    __slots__ = ("request_id", "prompt", "negative_prompt", "duration_s", "start_s", "num_steps", "guidance_scale", "seed", "num_outputs", "sample_format")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     NEGATIVE_PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class GenerateRequest(_message.Message):
     GUIDANCE_SCALE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     NUM_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FORMAT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     negative_prompt: str
@@ -26,7 +27,8 @@ class GenerateRequest(_message.Message):
     guidance_scale: float
     seed: int
     num_outputs: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., duration_s: _Optional[float] = ..., start_s: _Optional[float] = ..., num_steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seed: _Optional[int] = ..., num_outputs: _Optional[int] = ...) -> None: ...
+    sample_format: _common_pb2.SampleFormat
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., duration_s: _Optional[float] = ..., start_s: _Optional[float] = ..., num_steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seed: _Optional[int] = ..., num_outputs: _Optional[int] = ..., sample_format: _Optional[_Union[_common_pb2.SampleFormat, str]] = ...) -> None: ...
 
 class Audio(_message.Message):
     __slots__ = ("index", "pcm")

@@ -15,6 +15,11 @@ class AudioFormatSpec:
     container_options: tuple[tuple[str, str], ...] = ()
     codec_options: tuple[tuple[str, str], ...] = ()  # FFmpeg options of the codec (`python -m chorus.bench.encoders`)
 
+    @property
+    def is_s16_pcm(self) -> bool:
+        """Whether the file holds the samples themselves as 16-bit PCM (pcm, wav): int16 input is written as is."""
+        return self.container is None
+
     def codec_rate_hz(self, sample_rate_hz: int) -> int:
         """The rate the codec runs at for input at `sample_rate_hz` (PyAV resamples on the way in)."""
         if not self.codec_rates_hz or sample_rate_hz in self.codec_rates_hz:

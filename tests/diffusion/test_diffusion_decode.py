@@ -1,4 +1,5 @@
-"""Decoding only the requested span (plus margin) gives the samples of a full-window decode."""
+"""Decoding only the requested span (plus margin) gives the samples of a full-window decode; int16 output is what a
+16-bit file's encoder makes of the float samples."""
 
 from __future__ import annotations
 
@@ -9,8 +10,16 @@ import pytest
 import torch
 from diffusers import AutoencoderOobleck
 
-from chorus.diffusion.engine.request import AudioOutput
-from chorus.diffusion.engine.runner import DECODE_MARGIN_FRAMES, DiffusionRunner, SampleSpec, SampleState
+from chorus.diffusion.engine.request import AudioOutput, SampleFormat
+from chorus.diffusion.engine.runner import (
+    DECODE_MARGIN_FRAMES,
+    S16_MAX,
+    DiffusionRunner,
+    SampleSpec,
+    SampleState,
+    to_s16,
+)
+from chorus.gateway.audio.encoder import _s16le
 
 
 @pytest.mark.parametrize(("start_s", "end_s"), [(0.0, 0.4), (1.0, 2.5), (4.0, 5.9)])
@@ -59,4 +68,25 @@ def test_waveform_is_interleaved_in_memory_with_the_decoders_samples(tiny_models
     before = decoded[0][:, first_sample - offset : first_sample - offset + ours.shape[1]].contiguous()
     assert torch.equal(ours, before)
     interleaved_before = np.ascontiguousarray(before.numpy().T, dtype="<f4").tobytes()
-    assert AudioOutput(0, ours, 44100).interleaved_f32le() == interleaved_before
+    assert AudioOutput(0, ours, 44100).interleaved_bytes() == interleaved_before
+
+
+def test_int16_waveform_is_the_float_one_as_a_16_bit_file_holds_it(tiny_models):
+    """Asked for int16, the runner converts on the device exactly as the gateway's wav/pcm encoder converts the float
+    samples: same bytes, interleaved in memory as the float waveform."""
+    generator = torch.Generator().manual_seed(3)
+    latents = 4 * torch.randn(tiny_models.num_latent_channels, tiny_models.num_latent_frames, generator=generator)
+    spec = SampleSpec("x", None, 0.0, 0.6, 1.0, num_steps=1, seed=0)
+    state = SampleState(spec, None, None, None, latents, latents, step_index=1)
+    runner = DiffusionRunner(tiny_models)
+    floats, ints = runner.decode(state), runner.decode(state, SampleFormat.S16)
+    assert ints.dtype == torch.int16 and ints.shape == floats.shape and ints.stride() == (1, 2)
+    assert AudioOutput(0, ints, 44100).interleaved_bytes() == _s16le(floats.numpy().T)
+
+
+def test_to_s16_converts_as_the_gateways_encoder_at_the_edges():
+    edges = [-2.0, -1.0, -0.99999994, -1 / 32768, -0.7 / 32768, -0.0, 0.0, 0.4 / 32768, 1 / 32768, 0.5, S16_MAX,
+             0.99999994, 1.0, 3.0, float("inf"), float("-inf"), 1e-40, -1e-40]  # fmt: skip
+    samples = torch.tensor(edges, dtype=torch.float32)
+    samples = torch.cat([samples, torch.rand(10_000, generator=torch.Generator().manual_seed(4)) * 2.4 - 1.2])
+    assert to_s16(samples).numpy().tobytes() == _s16le(samples.numpy())

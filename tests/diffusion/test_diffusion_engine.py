@@ -102,7 +102,7 @@ async def test_mixed_step_counts_progress_and_lengths(make_engine):
         (waveform,) = _audio(events)
         assert waveform.shape == (2, int(request.duration_s * 44100))
         (audio,) = [e for e in events if isinstance(e, AudioOutput)]
-        interleaved = np.frombuffer(audio.interleaved_f32le(), dtype="<f4").reshape(-1, 2)
+        interleaved = np.frombuffer(audio.interleaved_bytes(), dtype="<f4").reshape(-1, 2)
         assert audio.sample_rate_hz == 44100 and np.array_equal(interleaved.T, waveform.numpy())
         assert bool(waveform.isfinite().all())
         final = events[-1]

@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 
 from chorus.diffusion.config import DiffusionConfig
 from chorus.diffusion.service import DiffusionService
+from chorus.gateway.audio.encoder import _s16le
 from chorus.runtime.host import ServiceHost
 from chorus.v1 import common_pb2, diffusion_pb2, diffusion_pb2_grpc
 from chorus.wire import chunk_to_pcm
@@ -64,6 +65,18 @@ async def test_generate_streams_progress_then_audio_then_final(diffusion):
     assert final.reason == common_pb2.FINISH_REASON_COMPLETE and final.usage.num_steps == 4
     again = await generate(stub, prompt="rain on a tin roof", duration_s=0.5, num_steps=4, seed=3)
     np.testing.assert_array_equal(np.concatenate([chunk_to_pcm(a.pcm) for a in again[1]]), samples)
+
+
+async def test_int16_audio_is_the_float_audio_converted_as_a_16_bit_file_holds_it(diffusion):
+    stub, _ = diffusion
+    request = {"prompt": "rain on a tin roof", "duration_s": 0.5, "num_steps": 3, "seed": 6}
+    _, floats, _ = await generate(stub, **request)
+    _, ints, final = await generate(stub, **request, sample_format=common_pb2.SAMPLE_FORMAT_PCM_S16LE)
+    assert final.reason == common_pb2.FINISH_REASON_COMPLETE
+    assert {a.pcm.format for a in floats} == {common_pb2.SAMPLE_FORMAT_PCM_F32LE}
+    assert {a.pcm.format for a in ints} == {common_pb2.SAMPLE_FORMAT_PCM_S16LE}
+    float_samples = np.concatenate([chunk_to_pcm(a.pcm) for a in floats])
+    assert b"".join(a.pcm.data for a in ints) == _s16le(float_samples)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from chorus.diffusion.engine.request import (
     FinishReason,
     InvalidGenerationParameter,
     RequestLimits,
+    SampleFormat,
     StepProgress,
 )
 from chorus.diffusion.wire import generation_request, output_messages
@@ -32,10 +33,32 @@ def test_request_fields_and_defaults():
     assert defaults.negative_prompt is None
 
 
-def test_bad_request_names_the_field():
+def test_sample_format_defaults_to_float32():
+    formats = {
+        common_pb2.SAMPLE_FORMAT_UNSPECIFIED: SampleFormat.F32,
+        common_pb2.SAMPLE_FORMAT_PCM_F32LE: SampleFormat.F32,
+        common_pb2.SAMPLE_FORMAT_PCM_S16LE: SampleFormat.S16,
+    }
+    for wire_format, sample_format in formats.items():
+        message = diffusion_pb2.GenerateRequest(request_id="r", prompt="x", sample_format=wire_format)
+        assert generation_request(LIMITS, message).sample_format is sample_format
+
+
+@pytest.mark.parametrize(("field", "value"), [("duration_s", 48.0), ("sample_format", 7)])
+def test_bad_request_names_the_field(field, value):
     with pytest.raises(InvalidGenerationParameter) as raised:
-        generation_request(LIMITS, diffusion_pb2.GenerateRequest(request_id="r", prompt="x", duration_s=48.0))
-    assert raised.value.field == "duration_s"
+        generation_request(LIMITS, diffusion_pb2.GenerateRequest(request_id="r", prompt="x", **{field: value}))
+    assert raised.value.field == field
+
+
+def test_int16_audio_goes_as_s16le_chunks_of_whole_frames():
+    waveform = torch.randint(-32768, 32768, (1001, 2), dtype=torch.int16).T  # interleaved, as the runner's
+    messages = list(output_messages(AudioOutput(index=0, waveform=waveform, sample_rate_hz=44100), 3001))
+    pcms = [m.audio.pcm for m in messages]
+    assert all(p.format == common_pb2.SAMPLE_FORMAT_PCM_S16LE and p.num_channels == 2 for p in pcms)
+    assert [p.sample_offset for p in pcms] == [0, 750] and len(pcms[0].data) == 3000
+    samples = np.frombuffer(b"".join(p.data for p in pcms), dtype="<i2").reshape(-1, 2).T
+    assert np.array_equal(samples, waveform.numpy())
 
 
 def test_audio_is_split_into_ordered_chunks():

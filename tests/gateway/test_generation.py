@@ -134,20 +134,26 @@ async def test_a_finished_request_has_its_timeline_in_order(stack):
     assert timeline["engine_done_ms"] - timeline["dispatched_ms"] >= service["total_ms"] - 1
 
 
-@pytest.mark.parametrize("response_format", ["wav", "mp3"])
-async def test_sync_audio_is_the_services_pcm_encoded_once_off_the_event_loop(stack, monkeypatch, response_format):
+@pytest.mark.parametrize(("response_format", "sent_as"), [("wav", np.int16), ("mp3", np.float32)])
+async def test_sync_audio_is_the_services_pcm_encoded_once_off_the_event_loop(
+    stack, monkeypatch, response_format, sent_as
+):
+    """The file is the service's float samples encoded, byte for byte; for a 16-bit file (wav, pcm) the service
+    sends them converted to int16 already (half the bytes), which must not change a byte of it."""
     _, http, _, stub = stack
-    encoding_threads = []
+    encoding_threads, encoded_dtypes = [], []
     encode = StreamingEncoder.encode
 
     def recording_encode(self, samples):
         encoding_threads.append(threading.get_ident())
+        encoded_dtypes.append(samples.dtype)
         return encode(self, samples)
 
     monkeypatch.setattr(StreamingEncoder, "encode", recording_encode)
     reply = await http.post("/v1/audio/generations", json=body(response_format=response_format, seed=4))
     assert reply.status_code == 200, reply.text
     assert encoding_threads and threading.get_ident() not in encoding_threads, "encoded on the event loop"
+    assert encoded_dtypes == [sent_as]
     direct = diffusion_pb2.GenerateRequest(prompt="rain on a tin roof", duration_s=0.5, num_steps=3, seed=4)
     outputs = [m async for m in stub.Generate(direct)]
     pcm = np.concatenate([chunk_to_pcm(m.audio.pcm) for m in outputs if m.HasField("audio")])

@@ -250,7 +250,7 @@ class DiffusionEngine:
     def _complete(self, live: _LiveRequest) -> None:
         """Decodes a finished request output by output, so VAE memory does not grow with the batch."""
         for index, state in enumerate(live.states):
-            waveform = self.runner.decode(state)
+            waveform = self.runner.decode(state, live.request.sample_format)
             live.send(AudioOutput(index=index, waveform=waveform, sample_rate_hz=self.runner.models.sample_rate_hz))
         with self._lock:
             self._finish(live, FinishReason.COMPLETE)

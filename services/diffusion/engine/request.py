@@ -21,6 +21,13 @@ DEFAULT_DURATION_S = 10.0
 _MAX_SEED = 2**64 - 1
 
 
+class SampleFormat(enum.Enum):
+    """How an output's samples leave the engine."""
+
+    F32 = "f32"  # float32, as decoded
+    S16 = "s16"  # int16, converted on the device as a 16-bit file's encoder converts floats (`to_s16`)
+
+
 class InvalidGenerationParameter(InvalidRequest):
     """A generation parameter is missing or out of range; `field` names it as in GenerateRequest."""
 
@@ -45,6 +52,7 @@ class GenerationRequest:
     seed: int
     num_outputs: int
     deadline_s: float | None = None
+    sample_format: SampleFormat = SampleFormat.F32
 
     def output_seed(self, index: int) -> int:
         """Output `index` is seeded with seed + index, so output 0 equals a single-output request."""
@@ -74,6 +82,7 @@ def validate_request(
     seed: int | None = None,
     num_outputs: int = 0,
     deadline_s: float | None = None,
+    sample_format: SampleFormat = SampleFormat.F32,
 ) -> GenerationRequest:
     """Checks user input and fills defaults with the wire contract's meaning of 0 / unset:
     duration 0 → min(10 s, window), num_steps 0 → default, num_outputs 0 → 1, no seed → a random one,
@@ -120,6 +129,7 @@ def validate_request(
         seed=int(seed),
         num_outputs=int(num_outputs),
         deadline_s=deadline_s,
+        sample_format=sample_format,
     )
 
 
@@ -139,17 +149,20 @@ class StepProgress:
 
 @dataclass(frozen=True, slots=True)
 class AudioOutput:
-    """One finished output: waveform (num_audio_channels, num_samples) float32 on the CPU."""
+    """One finished output: waveform (num_audio_channels, num_samples) on the CPU, float32 or (SampleFormat.S16)
+    int16."""
 
     index: int
     waveform: torch.Tensor
     sample_rate_hz: int
 
-    def interleaved_f32le(self) -> bytes:
-        """The samples interleaved by channel as float32 little-endian (PcmChunk SAMPLE_FORMAT_PCM_F32LE).
-        A full 47.55 s stereo window is 16.8 MB: split it across messages to stay under message limits."""
+    def interleaved_bytes(self) -> bytes:
+        """The samples interleaved by channel, little-endian in the waveform's dtype (PcmChunk PCM_F32LE or
+        PCM_S16LE). A full 47.55 s stereo window is 16.8 MB in float32: split it across messages to stay under
+        message limits."""
         # Copies only once (tobytes) when the waveform's memory is interleaved already, as the runner's is.
-        return np.ascontiguousarray(self.waveform.numpy().T, dtype="<f4").tobytes()
+        samples = self.waveform.numpy().T
+        return np.ascontiguousarray(samples, dtype=samples.dtype.newbyteorder("<")).tobytes()
 
 
 @dataclass(frozen=True, slots=True)
