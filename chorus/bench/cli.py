@@ -67,6 +67,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     audio = kinds.add_parser("diffusion", help="Text-to-audio: latency and throughput at concurrency 1, 4, 8.")
     _common(audio)
     audio.add_argument("--concurrency", type=_ints, default=[1, 4, 8])
+    audio.add_argument(
+        "--warmup-requests", type=int, default=1,
+        help="Requests run alone before the levels, reported apart (a fresh gateway process's first pays one-off "
+        "costs).",
+    )  # fmt: skip
     audio.add_argument("--steps", type=int, default=100)
     audio.add_argument("--guidance-scale", type=float, default=7.0)
     audio.add_argument("--duration-s", type=float, default=10.0)

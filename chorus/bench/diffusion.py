@@ -1,6 +1,9 @@
 """`chorus bench diffusion`: text-to-audio through the gateway's synchronous REST endpoint at concurrency 1, 4
 and 8 (each level sends exactly `concurrency` requests at once, as in issue 8's "8 concurrent all done", on as
-many connections opened before it: `open_connections`).
+many connections opened before it: `open_connections`). First, `--warmup-requests` (default 1) requests run
+alone and are reported apart (the first level's `warmup_requests`): the first request a gateway process serves
+after it starts pays one-off costs (20-30 ms more on an H100: e2e-diffusion-20261127-002319, whose first level
+is its warm-up, against the three after it), which would otherwise be the whole 1-request level.
 
 Where the time goes: once a level is done, each request's record (`GET /v1/requests/{id}`, the id from the
 reply's X-Request-Id) gives its timeline, ms from admission to each stage the gateway marked, and the
@@ -150,14 +153,16 @@ async def run(args, progress) -> list[dict]:
     # loopback, which would count as gateway overhead.
     timeout = aiohttp.ClientTimeout(total=args.request_timeout_s)
     async with aiohttp.ClientSession(args.url, headers=headers, timeout=timeout) as http:
+        warmup = []
+        for _ in range(args.warmup_requests):
+            await open_connections(http, 1)
+            latency, error, request_id = await one(http, _body(args, seed=len(warmup)))
+            if error is not None or request_id is None:
+                raise RuntimeError(f"the warm-up request failed: {error}")
+            warmup.append(request_breakdown(latency, await request_record(http, request_id)))
         for concurrency in args.concurrency:
             counter = progress.level(f"diffusion c={concurrency}", concurrency)
-            bodies = [
-                {"model": args.model, "prompt": AUDIO[i % len(AUDIO)], "duration_s": args.duration_s,
-                 "num_steps": args.steps, "guidance_scale": args.guidance_scale, "seed": i,
-                 "response_format": args.format}
-                for i in range(concurrency)
-            ]  # fmt: skip
+            bodies = [_body(args, seed=i) for i in range(concurrency)]
             await open_connections(http, concurrency)
             started = time.perf_counter()
 
@@ -190,7 +195,15 @@ async def run(args, progress) -> list[dict]:
                 "requests": requests,
             })  # fmt: skip
             progress.done({key: value for key, value in levels[-1].items() if key != "requests"})
+    if levels:
+        levels[0]["warmup_requests"] = warmup
     return levels
+
+
+def _body(args, seed: int) -> dict:
+    return {"model": args.model, "prompt": AUDIO[seed % len(AUDIO)], "duration_s": args.duration_s,
+            "num_steps": args.steps, "guidance_scale": args.guidance_scale, "seed": seed,
+            "response_format": args.format}  # fmt: skip
 
 
 TARGETS = (  # (concurrency, metric path, bound): issue 20's targets on one H100, each a maximum

@@ -142,6 +142,9 @@ async def test_bench_diffusion_runs_concurrent_requests(start_gateway, redis_url
         levels = await diffusion.run(args, _Quiet())
     assert [level["concurrency"] for level in levels] == [1, 2]
     stages = ["started", "dispatched", "first_step", "engine_done", "encoded", "journaled", "finished", "client"]
+    (warmup,) = levels[0].pop("warmup_requests")  # one by default, run alone before the levels, reported apart
+    assert list(warmup["stages_ms"]) == stages and warmup["gateway_overhead_ms"] > 0
+    assert "warmup_requests" not in levels[1]
     for level in levels:
         assert level["completed"] == level["concurrency"] and not level["errors"]
         assert level["latency_s"]["max"] <= level["all_done_s"]
