@@ -84,9 +84,10 @@ def test_int16_waveform_is_the_float_one_as_a_16_bit_file_holds_it(tiny_models):
     assert AudioOutput(0, ints, 44100).interleaved_bytes() == _s16le(floats.numpy().T)
 
 
-def test_to_s16_converts_as_the_gateways_encoder_at_the_edges():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_to_s16_converts_as_the_gateways_encoder_at_the_edges(device):
     edges = [-2.0, -1.0, -0.99999994, -1 / 32768, -0.7 / 32768, -0.0, 0.0, 0.4 / 32768, 1 / 32768, 0.5, S16_MAX,
              0.99999994, 1.0, 3.0, float("inf"), float("-inf"), 1e-40, -1e-40]  # fmt: skip
     samples = torch.tensor(edges, dtype=torch.float32)
     samples = torch.cat([samples, torch.rand(10_000, generator=torch.Generator().manual_seed(4)) * 2.4 - 1.2])
-    assert to_s16(samples).numpy().tobytes() == _s16le(samples.numpy())
+    assert to_s16(samples.to(device)).cpu().numpy().tobytes() == _s16le(samples.numpy())
