@@ -12,6 +12,10 @@ passes the slot on, so no slot ever leaks.
 A limit may change while requests run (`resize`: one derived from the backends' load reports,
 `chorus.gateway.capacity`): a higher one admits waiters at once; under a lower one the requests
 running finish, and a released slot goes to a waiter only once fewer than the limit are running.
+
+The worker processes of one gateway share their limits (`host`, `chorus.gateway.host_slots`): the limit
+bounds the slots all of them hold, so a slot another worker gives back is one this worker's waiters
+may take; they look for one every `HOST_POLL_S` while they wait.
 """
 
 from __future__ import annotations
@@ -22,14 +26,19 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
+from chorus.gateway.host_slots import HostSlots
 from chorus.gateway.metrics import IN_FLIGHT, MAX_IN_FLIGHT, QUEUE_DEPTH
 from chorus.runtime.errors import Overloaded
 
 _HOLD_SMOOTHING = 0.2  # weight of the newest slot hold time in the moving average
+HOST_POLL_S = 0.005  # how often waiters look for a slot another worker of the host gave back
 
 
 class BackendAdmission:
-    def __init__(self, backend: str, max_in_flight: int, max_queued: int, queue_timeout_s: float) -> None:
+    def __init__(
+        self, backend: str, max_in_flight: int, max_queued: int, queue_timeout_s: float, host: HostSlots | None = None
+    ) -> None:
+        """`host`: the counts of every worker of this gateway, which `max_in_flight` then bounds together."""
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight: must be at least 1, got {max_in_flight}")
         if max_queued < 0:
@@ -39,7 +48,9 @@ class BackendAdmission:
         self.max_queued = max_queued
         self.queue_timeout_s = queue_timeout_s
         self._num_in_flight = 0
+        self.host = host
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._host_poll: asyncio.Task | None = None
         self._mean_hold_s = 1.0
         MAX_IN_FLIGHT.labels(backend).set(max_in_flight)
 
@@ -67,14 +78,15 @@ class BackendAdmission:
             self.release()
 
     async def acquire(self) -> None:
-        if self._num_in_flight < self.max_in_flight and not self._waiters:
-            self._num_in_flight += 1
+        if not self._waiters and self._take():
             self._report()
             return
         if len(self._waiters) >= self.max_queued:
             raise Overloaded(f"{self.backend} is at capacity; retry later", self.retry_after_s())
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        if self.host is not None and self._host_poll is None:
+            self._host_poll = asyncio.create_task(self._poll_host())
         self._report()
         try:
             async with asyncio.timeout(self.queue_timeout_s):
@@ -99,16 +111,50 @@ class BackendAdmission:
             raise ValueError(f"max_in_flight: must be at least 1, got {max_in_flight}")
         self.max_in_flight = max_in_flight
         MAX_IN_FLIGHT.labels(self.backend).set(max_in_flight)
-        while self._num_in_flight < self.max_in_flight and self._hand_to_waiter():
-            self._num_in_flight += 1
+        self._admit_waiters()
         self._report()
 
     def release(self) -> None:
-        if self._num_in_flight <= self.max_in_flight and self._hand_to_waiter():
+        if self._held() <= self.max_in_flight and self._hand_to_waiter():
             return  # the slot moved to the waiter: in-flight count unchanged
         assert self._num_in_flight > 0, "release without acquire"
         self._num_in_flight -= 1
+        if self.host is not None:
+            self.host.give_back(self.backend)
         self._report()
+
+    def _take(self) -> bool:
+        """A slot for this process if the limit leaves one (counting every worker's with `host`)."""
+        if self.host is None:
+            is_free = self._num_in_flight < self.max_in_flight
+        else:
+            is_free = self.host.try_take(self.backend, self.max_in_flight)
+        self._num_in_flight += is_free
+        return is_free
+
+    def _held(self) -> int:
+        """The slots the limit bounds: this process's, or with `host` every worker's."""
+        return self._num_in_flight if self.host is None else self.host.total(self.backend)
+
+    def _admit_waiters(self) -> None:
+        """Slots the limit leaves, to the waiters, oldest first."""
+        while self._has_waiter() and self._take():
+            self._hand_to_waiter()
+
+    def _has_waiter(self) -> bool:
+        while self._waiters and self._waiters[0].done():  # given up (cancelled, timed out)
+            self._waiters.popleft()
+        return bool(self._waiters)
+
+    async def _poll_host(self) -> None:
+        """While anyone waits here: takes the slots other workers of the host give back."""
+        try:
+            while self._has_waiter():
+                await asyncio.sleep(HOST_POLL_S)
+                self._admit_waiters()
+                self._report()
+        finally:
+            self._host_poll = None
 
     def _hand_to_waiter(self) -> bool:
         """Gives a slot to the oldest waiter still waiting; False when there is none."""

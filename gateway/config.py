@@ -28,10 +28,11 @@ class GatewayConfig(ServiceConfig):
     health_interval_s: float = option(1.0, "How often each backend replica's health is checked.")
     workers: int = option(
         1,
-        "Gateway processes sharing these ports, one core each; each is a replica of its own (its own admission "
-        "limits; derived ones are split between them). 2–4 keep up with one GPU's PCM speech traffic, which one "
-        "process cannot; mp3 and opus cost 5–7× pcm's CPU per audio second (4 workers keep 64 of them within 10 % of "
-        "pcm's throughput on an H100 host). `chorus up` starts 4 (at most one per core) when its talker runs on CUDA.",
+        "Gateway processes sharing these ports, one core each, and the admission limits below (they count their "
+        "slots together, wherever the kernel sends a connection). 2–4 keep up with one GPU's PCM speech traffic, "
+        "which one process cannot; mp3 and opus cost 5–7× pcm's CPU per audio second (4 workers keep 64 of them "
+        "within 10 % of pcm's throughput on an H100 host). `chorus up` starts 4 (at most one per core) when its "
+        "talker runs on CUDA.",
     )
 
     encoder_threads: int = option(
@@ -65,7 +66,7 @@ class GatewayConfig(ServiceConfig):
     talker_max_in_flight: int = option(
         0,
         "Speech requests running at once on the talker backend; 0: as many as its healthy replicas report they serve "
-        "(256 per replica on CUDA, 64 elsewhere, at their defaults), split between admission_split processes.",
+        "(256 per replica on CUDA, 64 elsewhere, at their defaults), split between admission_split gateway replicas.",
     )
     vocoder_max_in_flight: int = option(
         0, "Speech requests running at once on the vocoder backend; 0: what its replicas report, as for the talker."
@@ -75,8 +76,8 @@ class GatewayConfig(ServiceConfig):
     )
     admission_split: int = option(
         1,
-        "Gateway processes sharing the backends, among which each limit of 0 above is split evenly (each admits its "
-        "share, rounded up); --workers N multiplies it by N for its processes. Set it to the number of gateway "
+        "Gateway replicas sharing the backends, among which each limit of 0 above is split evenly (each admits its "
+        "share, rounded up; the --workers of one replica share its share). Set it to the number of gateway "
         "replicas in front of the same backends, or they admit that many times what the backends serve.",
     )
     max_queued: int = option(64, "Requests that may wait for a backend slot, per backend (429 beyond it).")

@@ -13,6 +13,7 @@ from chorus.gateway.backends import BackendPool
 from chorus.gateway.capacity import UNREPORTED_CAPACITY, DerivedLimits, share_of_capacity
 from chorus.gateway.catalog import TalkerCatalog
 from chorus.gateway.config import GatewayConfig
+from chorus.gateway.host_slots import HostSlots
 from chorus.gateway.run_broker import RunBroker
 from chorus.gateway.runner import RunRegistry
 from chorus.gateway.state.auth import ApiKeys, RateLimiter
@@ -67,9 +68,10 @@ class GatewayContext:
         }
         runs = RunRegistry(journal, detach_grace_s=config.reconnect_grace_s)
         initial_limit = share_of_capacity(UNREPORTED_CAPACITY, config.admission_split)
+        host = HostSlots.from_environ()  # a worker of `--workers N`: limits shared with the others
         admission = Admission(
             {
-                kind: BackendAdmission(kind, limit or initial_limit, config.max_queued, config.queue_timeout_s)
+                kind: BackendAdmission(kind, limit or initial_limit, config.max_queued, config.queue_timeout_s, host)
                 for kind, limit in limits.items()
             }
         )

@@ -28,9 +28,9 @@ IN_FLIGHT = Gauge(
 )
 MAX_IN_FLIGHT = Gauge(
     "chorus_gateway_max_in_flight",
-    "Backend slots the gateway admits requests to (its admission limit; summed over workers).",
+    "Backend slots the gateway admits requests to (its admission limit, which its workers share).",
     ["backend"],
-    multiprocess_mode="livesum",
+    multiprocess_mode="livemax",
 )
 REDIS_SECONDS = Histogram(
     "chorus_gateway_redis_seconds",

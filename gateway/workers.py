@@ -3,9 +3,10 @@
 One gateway process is one event loop on one core, and under load its per-chunk work (gRPC relays, journal
 writes, encoding) fills that core long before the GPU is full. Workers need nothing from each other: request
 state lives in Redis, exactly as it does across replicas, so each worker is a replica that shares the ports
-(SO_REUSEPORT: the kernel spreads new connections over them). Admission limits apply per worker, as they do
-per replica: a limit set is each worker's, while one derived from the backends' load reports is split between
-them (`admission_split`), so N workers admit what the backends serve, not N times it. Their metrics are merged
+(SO_REUSEPORT: the kernel spreads new connections over them, by a hash rather than by load). Admission limits
+are the gateway's, not each worker's: the workers count their slots in one file (`chorus.gateway.host_slots`),
+so N workers admit what the backends serve, not N times it, and a request waits only when the backend is full,
+not because its connection landed on a worker whose fixed share was. Their metrics are merged
 through prometheus_client's multiprocess mode: the workers write to a shared directory, and every /metrics
 endpoint (this process's metrics port, each worker's REST /metrics) reports the sum.
 
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 
+from chorus.gateway import host_slots
 from chorus.gateway.config import GatewayConfig
 from chorus.runtime.config import to_environ
 from chorus.runtime.metrics import metrics_registry, serve_metrics
@@ -36,12 +38,11 @@ log = logging.getLogger("chorus.gateway.workers")
 
 def worker_config(config: GatewayConfig) -> GatewayConfig:
     """The settings of each of `config.workers` processes: one process, on the same ports (picked here where 0),
-    a share of each derived admission limit and of the host's encoder threads, no metrics port of its own (this
-    process serves theirs)."""
+    a share of the host's encoder threads, no metrics port of its own (this process serves theirs). The admission
+    limits stay the gateway's: the workers share them (`host_slots`)."""
     return dataclasses.replace(
         config,
         workers=1,
-        admission_split=config.admission_split * config.workers,
         encoder_threads=config.encoder_thread_count,
         port=config.port or free_port(config.host),
         rest_port=config.rest_port or free_port(config.rest_host),
@@ -52,6 +53,8 @@ def worker_config(config: GatewayConfig) -> GatewayConfig:
 def run_workers(config: GatewayConfig) -> int:
     """Runs `config.workers` gateways until a signal (exit code 0) or until one exits (its code)."""
     metrics_dir = tempfile.mkdtemp(prefix="chorus-gateway-metrics-")
+    slots_path = os.path.join(metrics_dir, "admission-slots")  # not a metrics file: prometheus_client reads *.db
+    host_slots.create(slots_path, config.workers)
     settings = worker_config(config)
     env = os.environ | to_environ(settings) | {"PROMETHEUS_MULTIPROC_DIR": metrics_dir}
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # this process's /metrics reads what they write
@@ -68,9 +71,10 @@ def run_workers(config: GatewayConfig) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     # Each in its own session: a terminal's Ctrl-C reaches only this process, which passes it on once.
-    for _ in range(config.workers):
+    for index in range(config.workers):
         command = [sys.executable, "-m", "chorus.cli", "serve", "gateway"]
-        workers.append(subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=die_with_parent))
+        worker_env = env | host_slots.worker_environ(slots_path, index, config.workers)
+        workers.append(subprocess.Popen(command, env=worker_env, start_new_session=True, preexec_fn=die_with_parent))
     metrics_port = serve_metrics(config.host, config.metrics_port, metrics_registry())
     log.info(
         "%d gateway workers on REST port %d and gRPC port %d (metrics port %s)",

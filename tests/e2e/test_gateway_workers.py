@@ -1,5 +1,5 @@
 """`chorus serve gateway --workers N`: worker processes share the REST and gRPC ports, connections spread over
-them, /metrics reports all of them, admission limits derived from the backends are split between them, SIGTERM
+them, /metrics reports all of them, they share the admission limits, SIGTERM
 stops them all, and one worker's death stops the gateway."""
 
 from __future__ import annotations
@@ -104,10 +104,10 @@ def test_workers_share_the_ports_and_report_one_set_of_metrics(gateway):
     assert line in httpx.get(f"http://127.0.0.1:{rest_port}/metrics").text
     metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
     assert line in metrics
-    # A derived admission limit is split between the workers, so together they admit what the backends serve (64
-    # until a backend has reported); a limit set (diffusion's 8) is each worker's.
+    # The workers share the gateway's admission limits (`host_slots`): a derived one (64 until a backend has
+    # reported) and a set one (diffusion's 8) are each the limit of all of them together.
     assert 'chorus_gateway_max_in_flight{backend="talker"} 64.0' in metrics
-    assert 'chorus_gateway_max_in_flight{backend="diffusion"} 16.0' in metrics
+    assert 'chorus_gateway_max_in_flight{backend="diffusion"} 8.0' in metrics
     process.send_signal(signal.SIGTERM)
     assert process.wait(30) == 0
     assert all(_is_gone(pid) for pid in workers)

@@ -1,5 +1,5 @@
 """Admission limits derived from what the backends report they serve (a `*_max_in_flight` of 0, the speech
-default): split between gateway processes, following replicas that come, drain and go, and — from the settings
+default): split between gateway replicas (a replica's workers share its share), following replicas that come, drain and go, and — from the settings
 `chorus up` gives its gateway to the limits of real talker and vocoder services — 256 speech streams on CUDA, 64
 on CPU."""
 
@@ -34,9 +34,9 @@ def test_each_process_takes_its_share_rounded_up():
 
 
 def test_explicit_limits_are_kept_and_bad_ones_named():
-    config = GatewayConfig(talker_max_in_flight=48, workers=4)
-    assert worker_config(config).talker_max_in_flight == 48  # each worker's, as set
-    assert worker_config(config).admission_split == 4
+    config = GatewayConfig(talker_max_in_flight=48, workers=4, admission_split=2)
+    assert worker_config(config).talker_max_in_flight == 48  # the gateway's, as set: its workers share it
+    assert worker_config(config).admission_split == 2  # gateway replicas; its workers share one share
     with pytest.raises(ValueError, match="vocoder_max_in_flight"):
         GatewayConfig(vocoder_max_in_flight=-1)
     with pytest.raises(ValueError, match="admission_split"):
@@ -103,5 +103,6 @@ async def test_chorus_up_admits_what_its_talker_serves(start_gateway, redis_url,
         replicas = gateway.context.backends.replicas
         await until(lambda: all(replicas[kind][0].capacity is not None for kind in ("talker", "vocoder")))
         limits = gateway.context.admission.backends
-        speech_streams = config.workers * min(limits["talker"].max_in_flight, limits["vocoder"].max_in_flight)
+        # One gateway's limit, which its workers share (`host_slots`).
+        speech_streams = min(limits["talker"].max_in_flight, limits["vocoder"].max_in_flight)
         assert speech_streams == talker_slots
