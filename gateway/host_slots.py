@@ -8,18 +8,18 @@ left on average 11 requests (4.3 %) waiting, the slowest 5 % of times to first a
 against a p90 of ~850 ms). Here a take compares the count of every worker with the one limit instead.
 
 The counts sit in a small file that every worker maps: one int64 cell per (backend, worker), each written only by
-its worker; a take sums a backend's cells and adds to its own under an exclusive `flock` on the file, so that
-concurrent takes never pass the limit together. No count outlives its worker: a worker that dies stops the whole
-gateway (`chorus.gateway.workers`), and a worker starting zeroes its own cells.
+its worker (an aligned 8-byte store, which readers see whole); a take sums a backend's cells and adds to its own
+under an exclusive `flock` on the file, so that concurrent takes never pass the limit together. The lock is only
+ever tried, never waited for: a worker stopped while it held it (SIGSTOP) must not freeze the others' event loops,
+so a take that finds it held fails as a full backend does, and the request waits and tries again. No count outlives
+its worker: a worker that dies stops the whole gateway (`chorus.gateway.workers`), and one starting zeroes its cells.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import mmap
 import os
-from collections.abc import Iterator
 
 KINDS = ("talker", "vocoder", "diffusion")
 ENV = "CHORUS_GATEWAY_HOST_SLOTS"  # "path:worker:num_workers", set by the supervisor for each worker
@@ -47,9 +47,8 @@ class HostSlots:
         self._fd = os.open(path, os.O_RDWR)
         self._map = mmap.mmap(self._fd, len(KINDS) * num_workers * _CELL_BYTES)
         self._counts = memoryview(self._map).cast("q")
-        with self._locked():
-            for kind in KINDS:
-                self._counts[self._cell(kind)] = 0
+        for kind in KINDS:
+            self._counts[self._cell(kind)] = 0
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] = os.environ) -> HostSlots | None:
@@ -62,39 +61,27 @@ class HostSlots:
 
     def total(self, kind: str) -> int:
         """Slots of backend `kind` that the host's workers hold now."""
-        with self._locked():
-            return self._total(kind)
-
-    def try_take(self, kind: str, limit: int) -> bool:
-        """One slot of `kind` for this worker, if the workers together hold fewer than `limit`."""
-        with self._locked():
-            if self._total(kind) >= limit:
-                return False
-            self._counts[self._cell(kind)] += 1
-            return True
-
-    def give_back(self, kind: str) -> None:
-        with self._locked():
-            assert self._counts[self._cell(kind)] > 0, "give_back without take"
-            self._counts[self._cell(kind)] -= 1
-
-    def close(self) -> None:
-        self._counts.release()
-        self._map.close()
-        os.close(self._fd)
-
-    def _total(self, kind: str) -> int:
         first = KINDS.index(kind) * self.num_workers
         return sum(self._counts[first : first + self.num_workers])
 
-    def _cell(self, kind: str) -> int:
-        return KINDS.index(kind) * self.num_workers + self.worker
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        # Microseconds under the lock, so taking it blocks the event loop no longer than a dict lookup would.
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+    def try_take(self, kind: str, limit: int) -> bool:
+        """One slot of `kind` for this worker, if the workers together hold fewer than `limit` (and no other worker
+        is taking one at this instant)."""
         try:
-            yield
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        try:
+            if self.total(kind) >= limit:
+                return False
+            self._counts[self._cell(kind)] += 1
+            return True
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def give_back(self, kind: str) -> None:
+        assert self._counts[self._cell(kind)] > 0, "give_back without take"
+        self._counts[self._cell(kind)] -= 1
+
+    def _cell(self, kind: str) -> int:
+        return KINDS.index(kind) * self.num_workers + self.worker

@@ -1,7 +1,7 @@
 """Admission limits derived from what the backends report they serve (a `*_max_in_flight` of 0, the speech
-default): split between gateway replicas (a replica's workers share its share), following replicas that come, drain and go, and — from the settings
-`chorus up` gives its gateway to the limits of real talker and vocoder services — 256 speech streams on CUDA, 64
-on CPU."""
+default): split between gateway replicas (a replica's workers share its share), following replicas that come,
+drain and go, and — from the settings `chorus up` gives its gateway to the limits of real talker and vocoder
+services — 256 speech streams on CUDA, 64 on CPU."""
 
 from __future__ import annotations
 

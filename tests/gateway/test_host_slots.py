@@ -4,6 +4,7 @@ slot one worker gives back goes to a request waiting on another (real processes 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import multiprocessing
 import random
 
@@ -78,6 +79,19 @@ async def test_a_lower_limit_holds_every_worker_back_until_the_gateway_is_under_
     second.release()
     await asyncio.wait_for(waiting, 20 * HOST_POLL_S)
     assert first.host.total("vocoder") == 2
+
+
+def test_a_take_never_waits_for_the_lock(tmp_path):
+    """A worker stopped while it held the lock (SIGSTOP) must not freeze the others: their takes fail instead, and
+    their requests wait and try again."""
+    path = str(tmp_path / "slots")
+    host_slots.create(path, 2)
+    slots = HostSlots(path, 0, 2)
+    with open(path, "rb") as other_worker:
+        fcntl.flock(other_worker, fcntl.LOCK_EX)
+        assert not slots.try_take("talker", 8)
+        fcntl.flock(other_worker, fcntl.LOCK_UN)
+    assert slots.try_take("talker", 8) and slots.total("talker") == 1
 
 
 def test_a_worker_starting_again_zeroes_its_own_counts(tmp_path):
