@@ -39,9 +39,6 @@ PROGRESS_POLL_INTERVAL_S = 0.1
 IDEMPOTENCY_TTL_S = 86_400
 DIFFUSION_MODEL = "stable-audio-open-1.0"  # what /v1/models lists for the diffusion service
 DRAINING = "this gateway process is shutting down; retry (another process takes new requests)"
-# By whether the file is 16-bit PCM: then the service converts the samples on its GPU, the wire carries half the
-# bytes, and the encoder writes them as they come; every other format encodes from the float samples.
-_SAMPLE_FORMATS = {True: common_pb2.SAMPLE_FORMAT_PCM_S16LE, False: common_pb2.SAMPLE_FORMAT_PCM_F32LE}
 
 
 async def _admit(
@@ -104,6 +101,9 @@ async def start_generation(
     if isinstance(admitted, RequestRecord):
         return admitted
     request_id = ctx.requests.new_id()
+    # A 16-bit file takes int16 samples, which the service converts on its GPU: half the bytes on the wire, and the
+    # encoder writes them as they come. Every other format encodes from the float samples.
+    is_s16 = FORMATS[body.response_format].is_s16_pcm
     request = diffusion_pb2.GenerateRequest(
         request_id=request_id,
         prompt=body.prompt,
@@ -112,7 +112,7 @@ async def start_generation(
         num_steps=body.num_steps or 0,
         guidance_scale=body.guidance_scale,
         seed=_seed(body.seed),
-        sample_format=_SAMPLE_FORMATS[FORMATS[body.response_format].is_s16_pcm],
+        sample_format=common_pb2.SAMPLE_FORMAT_PCM_S16LE if is_s16 else common_pb2.SAMPLE_FORMAT_PCM_F32LE,
     )
     spec = GenerationSpec(request, body.response_format)
     fields = {"kind": "audio", "model": body.model, "response_format": body.response_format}

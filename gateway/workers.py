@@ -1,7 +1,7 @@
 """`chorus serve gateway --workers N`: N gateway processes behind the same REST and gRPC ports.
 
 One gateway process is one event loop on one core, and under load its per-chunk work (gRPC relays, journal
-writes, encoding) fills that core long before the GPU is full. Workers need nothing from each other: request
+writes, encoding) fills that core long before the GPU is full. Workers need little from each other: request
 state lives in Redis, exactly as it does across replicas, so each worker is a replica that shares the ports
 (SO_REUSEPORT: the kernel spreads new connections over them, by a hash rather than by load). Admission limits
 are the gateway's, not each worker's: the workers count their slots in one file (`chorus.gateway.host_slots`),

@@ -154,8 +154,8 @@ async def run(args, progress) -> list[dict]:
     timeout = aiohttp.ClientTimeout(total=args.request_timeout_s)
     async with aiohttp.ClientSession(args.url, headers=headers, timeout=timeout) as http:
         warmup = []
+        await open_connections(http, 1)
         for _ in range(args.warmup_requests):
-            await open_connections(http, 1)
             latency, error, request_id = await one(http, _body(args, seed=len(warmup)))
             if error is not None or request_id is None:
                 raise RuntimeError(f"the warm-up request failed: {error}")
