@@ -52,9 +52,9 @@ class BatchReport:
     """One batched chunk decode, for metrics (decode time per chunk, batch size, audio seconds per second)."""
 
     batch_size: int
-    num_frames: int  # per row, padding included
+    num_frames: int  # per row
     decode_s: float  # wall time of the runner call
-    audio_s: float  # audio produced by the whole batch (context frames included, padding not)
+    audio_s: float  # audio produced by the whole batch (context frames included)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ class EngineStats:
     queued_streams: int  # live streams with frames waiting to be decoded
     state_bytes: int  # decoder state held by live streams
     num_batches: int
-    num_frames_decoded: int  # padding excluded
+    num_frames_decoded: int
     decode_s: float  # runner time, summed over batches
 
 
@@ -198,13 +198,9 @@ class DecodeEngine:
 
     def _is_urgent(self, record: StreamRecord, now_s: float) -> bool:
         """Whether a stream's pending frames go in the next batch rather than the next sweep: its listener is less
-        than `ahead_lead_s` ahead of them, they are context frames (a fail-over's priming, before the audio the
-        listener waits for), or its input has ended and no other stream is open to share a sweep with."""
-        if self.settings.sweep_interval_s <= 0 or record.segments[0].is_context:
-            return True
-        if record.is_input_done and not any(
-            other is not record and other.status is StreamStatus.OPEN for other in self._streams.values()
-        ):
+        than `ahead_lead_s` ahead of them, its input has ended (its caller waits for the end), or they are context
+        frames (a fail-over's priming, before the audio the listener waits for)."""
+        if self.settings.sweep_interval_s <= 0 or record.is_input_done or record.segments[0].is_context:
             return True
         return record.lead_s(now_s, self._frame_s) < self.settings.ahead_lead_s
 
@@ -218,9 +214,8 @@ class DecodeEngine:
         )
 
     def _plan_batches(self) -> list[list[tuple[StreamRecord, PendingFrames]]]:
-        """Takes one piece from every schedulable stream that is urgent, and in a sweep from every other one with a
-        whole piece (`max_chunk_frames`) or its last frames waiting; streams left waiting set the next sweep.
-        Pieces of equal length are grouped into batches."""
+        """Takes one piece from every schedulable stream that is urgent (from every one in a sweep; the first stream
+        left waiting sets the next sweep) and groups pieces of equal length."""
         now_s = time.monotonic()
         is_sweep = self._sweep_at_s is not None and now_s >= self._sweep_at_s
         if is_sweep:
@@ -229,8 +224,8 @@ class DecodeEngine:
         for record in self._streams.values():
             if not record.can_schedule():
                 continue
-            if self._is_urgent(record, now_s) or (is_sweep and self._has_sweep_piece(record)):
-                piece = self._take_piece(record)
+            if is_sweep or self._is_urgent(record, now_s):
+                piece = record.take(self._piece_frames(len(record.segments[0].codes)))
                 record.is_in_flight = True
                 by_length[len(piece.codes)].append((record, piece))
             elif self._sweep_at_s is None:
@@ -238,28 +233,12 @@ class DecodeEngine:
         size = self.settings.max_batch_size
         return [group[i : i + size] for group in by_length.values() for i in range(0, len(group), size)]
 
-    def _has_sweep_piece(self, record: StreamRecord) -> bool:
-        """Whether a stream well ahead of its listener decodes in this sweep: a whole piece is waiting, or its input
-        has ended (its last frames). Shorter pieces wait for more frames, so that sweeps decode few, full batches."""
-        return record.is_input_done or record.run_frames() >= self.settings.max_chunk_frames
-
-    def _take_piece(self, record: StreamRecord) -> PendingFrames:
-        """The stream's next piece: the longest allowed length that its leading frames fill, up to
-        `max_chunk_frames`; or its last frames, in one piece padded up to an allowed length."""
-        available = record.run_frames()
-        lengths = sorted(self.settings.piece_lengths)
+    def _piece_frames(self, available: int) -> int:
+        """Frames to take from a stream's next segment: the longest of `piece_lengths` that fits, or all of it up
+        to `max_chunk_frames` when any length goes."""
         limit = min(available, self.settings.max_chunk_frames)
-        is_last = record.is_input_done and available == record.num_pending_frames and not record.segments[0].is_context
-        padded_length = next((frames for frames in lengths if frames >= available), None if lengths else available)
-        if is_last and available == limit and padded_length is not None:
-            piece = record.take(available)
-            if padded_length == available:
-                return piece
-            padding = np.zeros((padded_length - available, piece.codes.shape[1]), dtype=piece.codes.dtype)
-            codes = np.concatenate([piece.codes, padding])
-            return PendingFrames(codes, is_context=False, num_padding=padded_length - available)
-        fitting = [frames for frames in lengths if frames <= limit]
-        return record.take(fitting[-1] if fitting else limit)
+        fitting = [frames for frames in sorted(self.settings.piece_lengths) if frames <= limit]
+        return fitting[-1] if fitting else limit
 
     async def _decode_batch(self, batch: list[tuple[StreamRecord, PendingFrames]]) -> None:
         slots = [record.slot for record, _ in batch]
@@ -275,13 +254,13 @@ class DecodeEngine:
                 self._release(record, StreamStatus.FAILED)
             return
         elapsed_s = time.perf_counter() - started
-        num_frames = sum(len(piece.codes) - piece.num_padding for _, piece in batch)  # padding is not audio
+        num_frames = codes.shape[1]
         self._num_batches += 1
-        self._num_frames_decoded += num_frames
+        self._num_frames_decoded += len(batch) * num_frames
         self._decode_s += elapsed_s
         if self._on_batch is not None:
-            audio_s = num_frames * self.samples_per_frame / self._config.output_sample_rate_hz
-            self._on_batch(BatchReport(len(batch), codes.shape[1], elapsed_s, audio_s))
+            audio_s = len(batch) * num_frames * self.samples_per_frame / self._config.output_sample_rate_hz
+            self._on_batch(BatchReport(len(batch), num_frames, elapsed_s, audio_s))
         samples = waveform.numpy()
         for row, (record, piece) in enumerate(batch):
             record.is_in_flight = False
@@ -291,11 +270,9 @@ class DecodeEngine:
                 continue
             if not piece.is_context:
                 offset = record.num_frames_decoded * self.samples_per_frame
-                num_audio_frames = len(piece.codes) - piece.num_padding
                 record.first_output_s = record.first_output_s or time.monotonic()
-                audio = samples[row, : num_audio_frames * self.samples_per_frame]
-                record.outputs.append(PcmPiece(audio, offset, num_audio_frames))
-                record.num_frames_decoded += num_audio_frames
+                record.outputs.append(PcmPiece(samples[row], offset, num_frames))
+                record.num_frames_decoded += num_frames
                 record.output_ready.set()
             if record.num_pending_frames < self.settings.max_pending_frames:
                 record.input_room.set()

@@ -34,9 +34,6 @@ class PendingFrames:
 
     codes: np.ndarray  # (num_frames, num_quantizers) int64
     is_context: bool  # context frames prime the state; their audio is dropped
-    # Zero frames after a stream's last frames, so that they decode at a captured length in one piece. Exact: the
-    # decoder is causal, and the state they leave behind is never used.
-    num_padding: int = 0
 
 
 class StreamRecord:
@@ -83,29 +80,17 @@ class StreamRecord:
             and (self.segments[0].is_context or len(self.outputs) < self.max_pending_outputs)
         )
 
-    def run_frames(self) -> int:
-        """Frames at the front of the queue that one piece may take: the leading segments of one kind (context or
-        output), across the chunks they came in."""
-        is_context, count = self.segments[0].is_context, 0
-        for segment in self.segments:
-            if segment.is_context != is_context:
-                break
-            count += len(segment.codes)
-        return count
-
-    def take(self, num_frames: int) -> PendingFrames:
-        """Removes and returns the next `num_frames` frames (at most `run_frames()`), joined across segments."""
-        is_context, parts, count = self.segments[0].is_context, [], 0
-        while count < num_frames:
-            head = self.segments[0]
-            if len(head.codes) <= num_frames - count:
-                parts.append(self.segments.popleft().codes)
-            else:
-                parts.append(head.codes[: num_frames - count])
-                head.codes = head.codes[num_frames - count :]
-            count += len(parts[-1])
-        self.num_pending_frames -= count
-        return PendingFrames(parts[0] if len(parts) == 1 else np.concatenate(parts), is_context)
+    def take(self, max_frames: int) -> PendingFrames:
+        """Removes and returns the next piece of at most `max_frames` frames, never mixing context and output."""
+        head = self.segments[0]
+        if len(head.codes) <= max_frames:
+            self.segments.popleft()
+            piece = head
+        else:
+            piece = PendingFrames(head.codes[:max_frames], head.is_context)
+            head.codes = head.codes[max_frames:]
+        self.num_pending_frames -= len(piece.codes)
+        return piece
 
     @property
     def is_drained(self) -> bool:
