@@ -6,10 +6,13 @@ probe runs the same two loops — the talker engine stepping a full batch (relea
 bf16, compiled step, graphs), the vocoder runner replaying one (streams × frames) graph — alone and together, for
 a fixed time each, and reports per mode the talker's ms a step and the vocoder's ms a batch. Modes:
 
-- `alone`: each loop by itself;
-- `streams`: both, on plain streams (the vocoder's at the higher priority, as served today);
-- `green-<n>`: both, the vocoder confined to a green context of n SMs (`torch.cuda.green_contexts`), the talker on
-  the whole GPU: the SMs outside the vocoder's share are always free for the talker's short kernels.
+- `alone`: each loop by itself (`alone-eager`: the vocoder's decode without its graph);
+- `streams`: both, on plain streams, the vocoder's at the higher priority (as served); `streams-talker-first`;
+- `green-<n>`: both, the vocoder on a stream of a green context of n SMs (`torch.cuda.green_contexts`), with its
+  graphs captured on that stream, the talker on the whole GPU; `green-<n>-vocoder-alone`, and the vocoder alone on
+  that stream replaying graphs captured in the primary context (`-primary-graphs`) or eager (`-eager-alone`), tell
+  whether the partition applies at all. A mode that fails reports its error (H100, PyTorch 2.11: graph replays
+  ignore the partition, and cuDNN cannot capture on a green context's stream).
 
 For each mode it also gives the pipeline's capacity in audio-s/s: the work mix (every talker frame needs its
 vocoder decode) scheduled as well as the two measured rates allow — both loops together while both have work, the
