@@ -33,14 +33,12 @@ import torch
 
 from chorus.bench.report import commit
 from chorus.runtime import streams as streams_module
-from chorus.talker.engine.engine import GIL_SWITCH_INTERVAL_S, EngineConfig, TalkerEngine
+from chorus.talker.bench import _voice
+from chorus.talker.engine.engine import FRAME_RATE_HZ, GIL_SWITCH_INTERVAL_S, EngineConfig, TalkerEngine
 from chorus.talker.loader import build_talker
 from chorus.talker.sampling import SamplingParams
 from chorus.vocoder.engine.runner import CodecRunner
 from chorus.vocoder.loader import load_codec
-
-FRAME_S = 1 / 12.5
-TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet forest."
 
 
 class TalkerLoop:
@@ -57,7 +55,7 @@ class TalkerLoop:
             compile_step=True,
         )
         self.engine = TalkerEngine(loaded, config)
-        self.voice = self.engine.voice_request("custom_voice", TEXT, speaker="ryan", language="english")
+        self.voice = _voice(self.engine, voice_clone=False)
         self.round = 0
 
     def prepare(self) -> None:
@@ -80,7 +78,7 @@ class TalkerLoop:
         self.engine.step()
 
     def audio_s(self, iterations: int) -> float:
-        return iterations * self.batch_size * FRAME_S
+        return iterations * self.batch_size / FRAME_RATE_HZ
 
 
 class VocoderLoop:
@@ -104,7 +102,7 @@ class VocoderLoop:
         self.runner.decode(self.slots, self.codes)  # replays the graph, waits for its audio on the host
 
     def audio_s(self, iterations: int) -> float:
-        return iterations * self.num_streams * self.chunk_frames * FRAME_S
+        return iterations * self.num_streams * self.chunk_frames / FRAME_RATE_HZ
 
 
 class EagerVocoderLoop(VocoderLoop):

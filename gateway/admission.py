@@ -151,8 +151,7 @@ class BackendAdmission:
         try:
             while self._has_waiter():
                 await asyncio.sleep(HOST_POLL_S)
-                self._admit_waiters()
-                self._report()
+                self._admit_waiters()  # each hand-off reports the gauges
         finally:
             self._host_poll = None
 
