@@ -28,14 +28,14 @@ from pathlib import Path
 import torch
 
 from chorus.bench.report import REPO, commit
-from chorus.talker.models.few_rows_matmul import launch
+from chorus.talker.models.few_rows_matmul import Blocks, launch
 
 HIDDEN, HEADS_DIM, INTERMEDIATE, LAYERS = 1024, 2048, 3072, 103
 EPS = 1e-6
 
 
 def project(x, weight, out, config, pdl, norm=None, residual=None, swiglu=False):
-    launch(x, weight, out, norm, EPS, swiglu, residual, *config, pdl)
+    launch(x, weight, out, norm, EPS, swiglu, residual, config, pdl)
 
 
 class Chain:
@@ -96,15 +96,18 @@ def main() -> None:
     parser.add_argument("--block-n", default="2,4,8,16")
     parser.add_argument("--block-k", default="512,1024")
     parser.add_argument("--warps", default="2,4,8")
+    parser.add_argument("--stages", default="3")
     parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--pdl-only", action="store_true", help="skip the launches without PDL")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()
     chain = Chain(args.rows)
-    grid = itertools.product(*([int(v) for v in text.split(",")] for text in (args.block_n, args.block_k, args.warps)))
+    sizes = (args.block_n, args.block_k, args.warps, args.stages)
+    grid = itertools.product(*([int(v) for v in text.split(",")] for text in sizes))
     results = []
-    for config in grid:
-        row = {"block_n": config[0], "block_k": config[1], "num_warps": config[2]}
-        for pdl in (False, True):
+    for config in map(Blocks._make, grid):
+        row = config._asdict()
+        for pdl in (True,) if args.pdl_only else (False, True):
             for only in (None, "qkv", "o", "gate_up", "down"):
                 row[f"{'pdl' if pdl else 'plain'}_{only or 'chain'}_us"] = round(
                     time_graph(chain, config, pdl, only, args.replays), 1
@@ -122,7 +125,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"few-rows-matmul-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(report, indent=2))
-    for key in ("pdl_chain_us", "plain_chain_us"):
+    for key in ("pdl_chain_us",) if args.pdl_only else ("pdl_chain_us", "plain_chain_us"):
         best = min(results, key=lambda row: row[key])
         print(f"best {key}: {best}")
     print(f"wrote {path}")
