@@ -54,6 +54,7 @@ class Chain:
 
         self.x, self.qkv_out, self.attended = buffer(HIDDEN), buffer(4096), buffer(HEADS_DIM)
         self.after_attention, self.activations, self.out = buffer(HIDDEN), buffer(INTERMEDIATE), buffer(HIDDEN)
+        self.gate_up_out = buffer(2 * INTERMEDIATE)
 
     def run(self, config, pdl, only: str | None = None) -> None:
         for layer in range(LAYERS):
@@ -67,16 +68,28 @@ class Chain:
             if only in (None, "down"):
                 project(self.activations, self.down[layer], self.out, config, pdl, residual=self.after_attention)
 
+    def run_cublas(self) -> None:
+        """The chain's products alone through cuBLAS (no norms, SwiGLU or adds): what the fused kernels compete with."""
+        for layer in range(LAYERS):
+            torch.matmul(self.x, self.qkv[layer].t(), out=self.qkv_out)
+            torch.matmul(self.attended, self.o[layer].t(), out=self.after_attention)
+            torch.matmul(self.after_attention, self.gate_up[layer].t(), out=self.gate_up_out)
+            torch.matmul(self.activations, self.down[layer].t(), out=self.out)
+
 
 def time_graph(chain: Chain, config, pdl: bool, only: str | None, replays: int) -> float:
-    """µs a replay of the chain's graph, the median of `replays`."""
+    """µs a replay of the chain's graph, the median of `replays`; config None: `Chain.run_cublas`."""
+
+    def run():
+        chain.run_cublas() if config is None else chain.run(config, pdl, only)
+
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        chain.run(config, pdl, only)  # compile outside the capture
+        run()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        chain.run(config, pdl, only)
+        run()
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -102,6 +115,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()
     chain = Chain(args.rows)
+    cublas_us = round(time_graph(chain, None, False, None, args.replays), 1)
+    print(f"cuBLAS products alone: {cublas_us} µs", flush=True)
     sizes = (args.block_n, args.block_k, args.warps, args.stages)
     grid = itertools.product(*([int(v) for v in text.split(",")] for text in sizes))
     results = []
@@ -119,6 +134,7 @@ def main() -> None:
         "commit": commit(),
         "device": torch.cuda.get_device_name(),
         "rows": args.rows,
+        "cublas_products_us": cublas_us,
         "layers": LAYERS,
         "results": results,
     }

@@ -158,8 +158,12 @@ def _tensor_core_rows_kernel(
     x_rows = x_ptr + rows[:, None] * stride_x_row
     weight_rows = weight_ptr + cols[:, None] * stride_weight_col
     up_offset = num_cols * stride_weight_col
-    weight, up = _weight_blocks(weight_rows, up_offset, tl.arange(0, BLOCK_K), col_ok, depth, SWIGLU)
+    # The first block of weights is read before waiting for the kernel before (see `pdl`); the loop over the others
+    # is software-pipelined by Triton (`num_stages` blocks in flight).
+    ks = tl.arange(0, BLOCK_K)
+    weight, up = _weight_blocks(weight_rows, up_offset, ks, col_ok, depth, SWIGLU)
     wait_for_previous_kernel(PDL)
+    inv_rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if NORM:
         squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for start in range(0, depth, BLOCK_K):
@@ -167,19 +171,17 @@ def _tensor_core_rows_kernel(
             x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & (ks < depth)[None, :], other=0.0).to(tl.float32)
             squares += tl.sum(x * x, axis=1)
         inv_rms = tl.rsqrt(squares / depth + eps)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    up_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for start in range(0, depth, BLOCK_K):
+    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ks = tl.arange(0, BLOCK_K)
+    acc, up_acc = _dot_block(
+        x_rows, row_ok, ks, depth, inv_rms, norm_weight_ptr, weight, up, zeros, zeros, NORM, SWIGLU
+    )
+    for start in range(BLOCK_K, depth, BLOCK_K):
         ks = start + tl.arange(0, BLOCK_K)
-        k_ok = ks < depth
-        x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if NORM:
-            scale = tl.load(norm_weight_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-            x = ((x.to(tl.float32) * inv_rms[:, None]).to(dtype).to(tl.float32) * scale[None, :]).to(dtype)
-        acc = tl.dot(x, tl.trans(weight), acc, input_precision="ieee")
-        if SWIGLU:
-            up_acc = tl.dot(x, tl.trans(up), up_acc, input_precision="ieee")
-        weight, up = _weight_blocks(weight_rows, up_offset, ks + BLOCK_K, col_ok, depth, SWIGLU)
+        weight, up = _weight_blocks(weight_rows, up_offset, ks, col_ok, depth, SWIGLU)
+        acc, up_acc = _dot_block(
+            x_rows, row_ok, ks, depth, inv_rms, norm_weight_ptr, weight, up, acc, up_acc, NORM, SWIGLU
+        )
     let_next_kernel_start(PDL)
     out = acc.to(dtype).to(tl.float32)
     if SWIGLU:
@@ -190,6 +192,23 @@ def _tensor_core_rows_kernel(
         residual = tl.load(residual_ptr + rows[:, None] * stride_residual_row + cols[None, :], mask=out_mask)
         out = out + residual.to(tl.float32)
     tl.store(out_ptr + rows[:, None] * stride_out_row + cols[None, :], out.to(dtype), mask=out_mask)
+
+
+@triton.jit
+def _dot_block(x_rows, row_ok, ks, depth, inv_rms, norm_weight_ptr, weight, up, acc, up_acc, NORM: tl.constexpr,
+               SWIGLU: tl.constexpr):  # fmt: skip
+    """`acc (+ up_acc)` plus the rows' block `ks` (normalised with NORM, rounded as `qwen3_layers.rms_norm` rounds)
+    times the weights' (and up's) block."""
+    k_ok = ks < depth
+    x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+    if NORM:
+        scale = tl.load(norm_weight_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        dtype = x.dtype
+        x = ((x.to(tl.float32) * inv_rms[:, None]).to(dtype).to(tl.float32) * scale[None, :]).to(dtype)
+    acc = tl.dot(x, tl.trans(weight), acc, input_precision="ieee")
+    if SWIGLU:
+        up_acc = tl.dot(x, tl.trans(up), up_acc, input_precision="ieee")
+    return acc, up_acc
 
 
 @triton.jit
