@@ -28,14 +28,14 @@ from pathlib import Path
 import torch
 
 from chorus.bench.report import REPO, commit
-from chorus.talker.models.few_rows_matmul import Blocks, launch
+from chorus.talker.models.few_rows_matmul import launch
 
 HIDDEN, HEADS_DIM, INTERMEDIATE, LAYERS = 1024, 2048, 3072, 103
 EPS = 1e-6
 
 
 def project(x, weight, out, config, pdl, norm=None, residual=None, swiglu=False):
-    launch(x, weight, out, norm, EPS, swiglu, residual, config, pdl)
+    launch(x, weight, out, norm, EPS, swiglu, residual, *config, pdl)
 
 
 class Chain:
@@ -54,7 +54,6 @@ class Chain:
 
         self.x, self.qkv_out, self.attended = buffer(HIDDEN), buffer(4096), buffer(HEADS_DIM)
         self.after_attention, self.activations, self.out = buffer(HIDDEN), buffer(INTERMEDIATE), buffer(HIDDEN)
-        self.gate_up_out = buffer(2 * INTERMEDIATE)
 
     def run(self, config, pdl, only: str | None = None) -> None:
         for layer in range(LAYERS):
@@ -68,28 +67,16 @@ class Chain:
             if only in (None, "down"):
                 project(self.activations, self.down[layer], self.out, config, pdl, residual=self.after_attention)
 
-    def run_cublas(self) -> None:
-        """The chain's products alone through cuBLAS (no norms, SwiGLU or adds): what the fused kernels compete with."""
-        for layer in range(LAYERS):
-            torch.matmul(self.x, self.qkv[layer].t(), out=self.qkv_out)
-            torch.matmul(self.attended, self.o[layer].t(), out=self.after_attention)
-            torch.matmul(self.after_attention, self.gate_up[layer].t(), out=self.gate_up_out)
-            torch.matmul(self.activations, self.down[layer].t(), out=self.out)
-
 
 def time_graph(chain: Chain, config, pdl: bool, only: str | None, replays: int) -> float:
-    """µs a replay of the chain's graph, the median of `replays`; config None: `Chain.run_cublas`."""
-
-    def run():
-        chain.run_cublas() if config is None else chain.run(config, pdl, only)
-
+    """µs a replay of the chain's graph, the median of `replays`."""
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        run()  # compile outside the capture
+        chain.run(config, pdl, only)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        run()
+        chain.run(config, pdl, only)
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -109,20 +96,15 @@ def main() -> None:
     parser.add_argument("--block-n", default="2,4,8,16")
     parser.add_argument("--block-k", default="512,1024")
     parser.add_argument("--warps", default="2,4,8")
-    parser.add_argument("--stages", default="3")
     parser.add_argument("--replays", type=int, default=20)
-    parser.add_argument("--pdl-only", action="store_true", help="skip the launches without PDL")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()
     chain = Chain(args.rows)
-    cublas_us = round(time_graph(chain, None, False, None, args.replays), 1)
-    print(f"cuBLAS products alone: {cublas_us} µs", flush=True)
-    sizes = (args.block_n, args.block_k, args.warps, args.stages)
-    grid = itertools.product(*([int(v) for v in text.split(",")] for text in sizes))
+    grid = itertools.product(*([int(v) for v in text.split(",")] for text in (args.block_n, args.block_k, args.warps)))
     results = []
-    for config in map(Blocks._make, grid):
-        row = config._asdict()
-        for pdl in (True,) if args.pdl_only else (False, True):
+    for config in grid:
+        row = {"block_n": config[0], "block_k": config[1], "num_warps": config[2]}
+        for pdl in (False, True):
             for only in (None, "qkv", "o", "gate_up", "down"):
                 row[f"{'pdl' if pdl else 'plain'}_{only or 'chain'}_us"] = round(
                     time_graph(chain, config, pdl, only, args.replays), 1
@@ -134,14 +116,13 @@ def main() -> None:
         "commit": commit(),
         "device": torch.cuda.get_device_name(),
         "rows": args.rows,
-        "cublas_products_us": cublas_us,
         "layers": LAYERS,
         "results": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"few-rows-matmul-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(report, indent=2))
-    for key in ("pdl_chain_us",) if args.pdl_only else ("pdl_chain_us", "plain_chain_us"):
+    for key in ("pdl_chain_us", "plain_chain_us"):
         best = min(results, key=lambda row: row[key])
         print(f"best {key}: {best}")
     print(f"wrote {path}")

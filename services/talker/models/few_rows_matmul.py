@@ -35,8 +35,6 @@ With the element-wise work fused in, a step at batch 1 took 3.73 ms where the pr
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -44,22 +42,10 @@ import triton.language as tl
 from chorus.talker.models import pdl
 from chorus.talker.models.pdl import let_next_kernel_start, wait_for_previous_kernel
 
-
-class Blocks(NamedTuple):
-    block_n: int
-    block_k: int  # at most: a smaller depth takes one block of its next power of two
-    num_warps: int
-    num_stages: int
-
-
-REGISTER_MAX_ROWS = 2  # up to here the products stay in registers; past it they take the tensor cores
-REGISTER_BLOCKS = Blocks(block_n=4, block_k=1024, num_warps=4, num_stages=3)
-TENSOR_CORE_BLOCKS = {  # by rows rounded up to a power of two, at least 16 (a tensor-core tile's rows)
-    16: Blocks(block_n=32, block_k=128, num_warps=4, num_stages=3),
-    32: Blocks(block_n=32, block_k=128, num_warps=4, num_stages=3),
-    64: Blocks(block_n=32, block_k=128, num_warps=4, num_stages=3),
-}
-MAX_ROWS = max(TENSOR_CORE_BLOCKS)
+MAX_ROWS = 2
+BLOCK_N = 4
+MAX_BLOCK_K = 1024
+NUM_WARPS = 4
 
 
 @triton.jit
@@ -127,102 +113,6 @@ def _few_rows_matmul_kernel(
 
 
 @triton.jit
-def _tensor_core_rows_kernel(
-    x_ptr,
-    weight_ptr,
-    norm_weight_ptr,
-    residual_ptr,
-    out_ptr,
-    num_rows,
-    num_cols,
-    depth,
-    eps,
-    stride_x_row,
-    stride_weight_col,
-    stride_residual_row,
-    stride_out_row,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    NORM: tl.constexpr,
-    SWIGLU: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """`_few_rows_matmul_kernel` for more rows: the same program layout, roundings and fusions, with each block's
-    product on the tensor cores (`tl.dot`, fp32 accumulation) instead of in registers."""
-    dtype = out_ptr.dtype.element_ty
-    rows = tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok, col_ok = rows < num_rows, cols < num_cols
-    x_rows = x_ptr + rows[:, None] * stride_x_row
-    weight_rows = weight_ptr + cols[:, None] * stride_weight_col
-    up_offset = num_cols * stride_weight_col
-    # The first block of weights is read before waiting for the kernel before (see `pdl`); the loop over the others
-    # is software-pipelined by Triton (`num_stages` blocks in flight).
-    ks = tl.arange(0, BLOCK_K)
-    weight, up = _weight_blocks(weight_rows, up_offset, ks, col_ok, depth, SWIGLU)
-    wait_for_previous_kernel(PDL)
-    inv_rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if NORM:
-        squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for start in range(0, depth, BLOCK_K):
-            ks = start + tl.arange(0, BLOCK_K)
-            x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & (ks < depth)[None, :], other=0.0).to(tl.float32)
-            squares += tl.sum(x * x, axis=1)
-        inv_rms = tl.rsqrt(squares / depth + eps)
-    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    ks = tl.arange(0, BLOCK_K)
-    acc, up_acc = _dot_block(
-        x_rows, row_ok, ks, depth, inv_rms, norm_weight_ptr, weight, up, zeros, zeros, NORM, SWIGLU
-    )
-    for start in range(BLOCK_K, depth, BLOCK_K):
-        ks = start + tl.arange(0, BLOCK_K)
-        weight, up = _weight_blocks(weight_rows, up_offset, ks, col_ok, depth, SWIGLU)
-        acc, up_acc = _dot_block(
-            x_rows, row_ok, ks, depth, inv_rms, norm_weight_ptr, weight, up, acc, up_acc, NORM, SWIGLU
-        )
-    let_next_kernel_start(PDL)
-    out = acc.to(dtype).to(tl.float32)
-    if SWIGLU:
-        silu = (out * tl.sigmoid(out)).to(dtype).to(tl.float32)
-        out = (silu * up_acc.to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-    out_mask = row_ok[:, None] & col_ok[None, :]
-    if RESIDUAL:
-        residual = tl.load(residual_ptr + rows[:, None] * stride_residual_row + cols[None, :], mask=out_mask)
-        out = out + residual.to(tl.float32)
-    tl.store(out_ptr + rows[:, None] * stride_out_row + cols[None, :], out.to(dtype), mask=out_mask)
-
-
-@triton.jit
-def _dot_block(x_rows, row_ok, ks, depth, inv_rms, norm_weight_ptr, weight, up, acc, up_acc, NORM: tl.constexpr,
-               SWIGLU: tl.constexpr):  # fmt: skip
-    """`acc (+ up_acc)` plus the rows' block `ks` (normalised with NORM, rounded as `qwen3_layers.rms_norm` rounds)
-    times the weights' (and up's) block."""
-    k_ok = ks < depth
-    x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-    if NORM:
-        scale = tl.load(norm_weight_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-        dtype = x.dtype
-        x = ((x.to(tl.float32) * inv_rms[:, None]).to(dtype).to(tl.float32) * scale[None, :]).to(dtype)
-    acc = tl.dot(x, tl.trans(weight), acc, input_precision="ieee")
-    if SWIGLU:
-        up_acc = tl.dot(x, tl.trans(up), up_acc, input_precision="ieee")
-    return acc, up_acc
-
-
-@triton.jit
-def _weight_blocks(weight_rows, up_offset, ks, col_ok, depth, SWIGLU: tl.constexpr):
-    """`_weights` in the weight's own dtype, as the tensor cores take them."""
-    mask = col_ok[:, None] & (ks < depth)[None, :]
-    weight = tl.load(weight_rows + ks[None, :], mask=mask, other=0.0)
-    up = weight
-    if SWIGLU:
-        up = tl.load(weight_rows + up_offset + ks[None, :], mask=mask, other=0.0)
-    return weight, up
-
-
-@triton.jit
 def _weights(weight_rows, up_offset, ks, col_ok, depth, SWIGLU: tl.constexpr):
     """The block `ks` of the program's weight rows in fp32 (zeros past `depth`: a block past the last reads
     nothing), and with SWIGLU the up projection's rows of the same columns, `up_offset` further."""
@@ -253,24 +143,16 @@ def few_rows_matmul(
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     out = x.new_empty(num_rows, num_cols)
-    launch(x, weight, out, norm_weight, eps, swiglu, residual, blocks(num_rows), pdl.enabled(x))
+    launch(x, weight, out, norm_weight, eps, swiglu, residual, BLOCK_N, MAX_BLOCK_K, NUM_WARPS, pdl.enabled(x))
     return out
 
 
-def blocks(num_rows: int) -> Blocks:
-    """The fixed block sizes for `num_rows` rows (see the module's docstring for why they are fixed)."""
-    if num_rows <= REGISTER_MAX_ROWS:
-        return REGISTER_BLOCKS
-    return TENSOR_CORE_BLOCKS[max(16, triton.next_power_of_2(num_rows))]
-
-
-def launch(x, weight, out, norm_weight, eps, swiglu, residual, sizes: Blocks, uses_pdl: bool) -> None:
-    """The kernel for x's rows into `out` with these block sizes (`few_rows_matmul`'s checks and layout already
-    done); what `bench/few_rows_matmul_sweep.py` times other block sizes with."""
+def launch(x, weight, out, norm_weight, eps, swiglu, residual, block_n, max_block_k, num_warps, uses_pdl) -> None:
+    """The kernel into `out` with these block sizes (`few_rows_matmul`'s checks and layout already done); what
+    `bench/few_rows_matmul_sweep.py` times other block sizes with."""
     num_rows, depth = x.shape
     num_cols = out.shape[1]
-    kernel = _few_rows_matmul_kernel if num_rows <= REGISTER_MAX_ROWS else _tensor_core_rows_kernel
-    kernel[(triton.cdiv(num_cols, sizes.block_n),)](
+    _few_rows_matmul_kernel[(triton.cdiv(num_cols, block_n),)](
         x,
         weight,
         norm_weight,
@@ -284,14 +166,13 @@ def launch(x, weight, out, norm_weight, eps, swiglu, residual, sizes: Blocks, us
         weight.stride(0),
         0 if residual is None else residual.stride(0),
         out.stride(0),
-        BLOCK_M=max(triton.next_power_of_2(num_rows), 1 if kernel is _few_rows_matmul_kernel else 16),
-        BLOCK_N=sizes.block_n,
-        BLOCK_K=min(sizes.block_k, triton.next_power_of_2(depth)),
+        BLOCK_M=triton.next_power_of_2(num_rows),
+        BLOCK_N=block_n,
+        BLOCK_K=min(max_block_k, triton.next_power_of_2(depth)),
         NORM=norm_weight is not None,
         SWIGLU=swiglu,
         RESIDUAL=residual is not None,
         PDL=uses_pdl,
-        num_warps=sizes.num_warps,
-        num_stages=sizes.num_stages,
+        num_warps=num_warps,
         launch_pdl=uses_pdl,
     )
