@@ -38,18 +38,22 @@ def _cmd_up(args: argparse.Namespace) -> int:
     from chorus.stack import LocalStack, StackPorts
     from chorus.supervisor import RestartPolicy, describe_exit
 
+    try:
+        stack = LocalStack(
+            StackPorts.choose(args.rest_port, args.grpc_port_base),
+            redis_url=os.environ.get("REDIS_URL"),
+            redis_dir=Path(args.redis_dir).expanduser(),
+            log_format=args.log_format,
+            grace_s=args.grace_s,
+            speech_in_one_process=args.speech_in_one_process,
+            restart_policy=RestartPolicy() if args.restart == "always" else None,
+        )
+    except ValueError as exc:
+        print(f"chorus up: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    stack = LocalStack(
-        StackPorts.choose(args.rest_port, args.grpc_port_base),
-        redis_url=os.environ.get("REDIS_URL"),
-        redis_dir=Path(args.redis_dir).expanduser(),
-        log_format=args.log_format,
-        grace_s=args.grace_s,
-        speech_in_one_process=args.speech_in_one_process,
-        restart_policy=RestartPolicy() if args.restart == "always" else None,
-    )
     print("chorus up: starting redis, talker, vocoder, diffusion and gateway (tiny models by default)…", flush=True)
     try:
         stack.start()

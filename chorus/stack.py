@@ -7,6 +7,10 @@ this parent, so even a killed `chorus up` leaves no orphans. Once the stack is u
 (the embedded Redis too, on its port, empty) is restarted with backoff (`chorus.supervisor`); the
 gateway takes a restarted backend back at its next health check.
 
+Each model process sees the GPUs its `CHORUS_<SERVICE>_GPU` names (talker, vocoder, diffusion; the names compose
+reserves devices by): `chorus up` sets that child's CUDA_VISIBLE_DEVICES, so on a host with several GPUs the
+talker and the vocoder need not share one. The one-process speech service takes the talker's.
+
 Defaults follow the device: a talker on CUDA serves 256 streams (64 elsewhere), the gateway admits what its
 backends report they serve, and where the talker runs on CUDA the gateway gets `CUDA_GATEWAY_WORKERS` processes
 (unless CHORUS_GATEWAY_WORKERS says otherwise), since one process cannot relay and encode that many streams.
@@ -40,6 +44,11 @@ BACKENDS = ("talker", "vocoder", "diffusion")
 # streams, its core busy relaying, journaling and encoding them; 4 carried 256 on an H100 host (README, Gateway
 # workers).
 CUDA_GATEWAY_WORKERS = 4
+
+
+def gpu_setting(service: str) -> str:
+    """The environment variable naming the GPUs `service`'s process sees (`CUDA_VISIBLE_DEVICES` syntax)."""
+    return f"CHORUS_{service.upper()}_GPU"
 
 
 def gateway_workers(env: Mapping[str, str], cuda_available: Callable[[Mapping[str, str]], bool]) -> int | None:
@@ -105,6 +114,13 @@ class LocalStack:
 
     def __post_init__(self) -> None:
         self.supervisor = Supervisor(self.restart_policy or RestartPolicy(), self.log, self._is_serving_again)
+        env = {**os.environ, **self.extra_env}
+        talker_gpu, vocoder_gpu = env.get(gpu_setting("talker")), env.get(gpu_setting("vocoder"))
+        if self.speech_in_one_process and vocoder_gpu and vocoder_gpu != talker_gpu:
+            raise ValueError(
+                f"{gpu_setting('vocoder')}={vocoder_gpu} names another GPU than the talker's, but one process serves "
+                "both with --speech-in-one-process: drop that flag to give each its own GPU"
+            )
 
     def start(self) -> None:
         if self.redis_url is None:
@@ -149,7 +165,7 @@ class LocalStack:
     def gateway_workers(self) -> int | None:
         """The gateway processes asked for (None: as CHORUS_GATEWAY_WORKERS or the gateway's default says), decided
         once, when the gateway first starts."""
-        workers = gateway_workers({**os.environ, **self.extra_env}, self.cuda_available)
+        workers = gateway_workers(self._env_for("talker"), self.cuda_available)
         if workers is not None:
             self.log(f"the talker runs on CUDA: {workers} gateway workers (CHORUS_GATEWAY_WORKERS sets another number)")
         return workers
@@ -161,6 +177,9 @@ class LocalStack:
         env[prefix + "GRACE_S"] = str(self.grace_s)
         env[prefix + "LOG_FORMAT"] = self.log_format
         env.setdefault(prefix + "METRICS_PORT", "0")
+        gpus = env.get(gpu_setting("talker" if name == "speech" else name))
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
         if name == "gateway":
             env[prefix + "REST_PORT"] = str(self.ports.rest)
             env[prefix + "REDIS_URL"] = self.redis_url or ""

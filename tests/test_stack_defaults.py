@@ -55,3 +55,46 @@ def test_torch_answers_in_a_child_process():
 
     assert torch_sees_cuda(os.environ) == torch.cuda.is_available()
     assert torch_sees_cuda(os.environ | {"CUDA_VISIBLE_DEVICES": ""}) is False
+
+
+def test_each_model_process_sees_the_gpus_its_setting_names():
+    gpus = {"CHORUS_TALKER_GPU": "0", "CHORUS_VOCODER_GPU": "1", "CHORUS_DIFFUSION_GPU": "2,3"}
+    stack = LocalStack(StackPorts.choose(0, 0), redis_url="redis://127.0.0.1:1/0", extra_env=gpus)
+    assert [stack._env_for(name)["CUDA_VISIBLE_DEVICES"] for name in ("talker", "vocoder", "diffusion")] == [
+        "0",
+        "1",
+        "2,3",
+    ]
+    assert stack._env_for("gateway").get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+    one_process = LocalStack(
+        StackPorts.choose(0, 0),
+        redis_url="redis://127.0.0.1:1/0",
+        extra_env={"CHORUS_TALKER_GPU": "1"},
+        speech_in_one_process=True,
+    )
+    assert one_process._env_for("speech")["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_the_gateway_workers_follow_the_talkers_gpu():
+    def cuda_on_gpu_1_only(env) -> bool:
+        return env.get("CUDA_VISIBLE_DEVICES") == "1"
+
+    for talker_gpu, on_cuda in (("1", True), ("0", False)):
+        stack = LocalStack(
+            StackPorts.choose(0, 0),
+            redis_url="redis://127.0.0.1:1/0",
+            extra_env={"CHORUS_TALKER_GPU": talker_gpu, "CHORUS_VOCODER_GPU": "0"},
+            cuda_available=cuda_on_gpu_1_only,
+            log=lambda line: None,
+        )
+        workers = stack._env_for("gateway").get("CHORUS_GATEWAY_WORKERS")
+        assert (workers == str(min(CUDA_GATEWAY_WORKERS, CORES))) == on_cuda
+
+
+def test_one_process_cannot_take_two_gpus(monkeypatch, capsys):
+    from chorus.cli import main
+
+    monkeypatch.setenv("CHORUS_TALKER_GPU", "0")
+    monkeypatch.setenv("CHORUS_VOCODER_GPU", "1")
+    assert main(["up", "--speech-in-one-process"]) == 2
+    assert "drop that flag to give each its own GPU" in capsys.readouterr().err
