@@ -8,8 +8,10 @@ this parent, so even a killed `chorus up` leaves no orphans. Once the stack is u
 gateway takes a restarted backend back at its next health check.
 
 Each model process sees the GPUs its `CHORUS_<SERVICE>_GPU` names (talker, vocoder, diffusion; the names compose
-reserves devices by): `chorus up` sets that child's CUDA_VISIBLE_DEVICES, so on a host with several GPUs the
-talker and the vocoder need not share one. The one-process speech service takes the talker's.
+reserves devices by): `chorus up` sets that child's CUDA_VISIBLE_DEVICES. The one-process speech service takes the
+talker's. Where none is named and the talker and vocoder run as processes of their own on a host with two GPUs or
+more, the talker gets the first to itself and the vocoder the second, which diffusion shares (a third GPU is
+diffusion's): on one GPU the vocoder's kernels slow the talker's step (README, Talker and vocoder in one process).
 
 Defaults follow the device: a talker on CUDA serves 256 streams (64 elsewhere), the gateway admits what its
 backends report they serve, and where the talker runs on CUDA the gateway gets `CUDA_GATEWAY_WORKERS` processes
@@ -65,15 +67,15 @@ def gateway_workers(env: Mapping[str, str], cuda_available: Callable[[Mapping[st
     return min(CUDA_GATEWAY_WORKERS, len(os.sched_getaffinity(0))) if on_cuda else None
 
 
-def torch_sees_cuda(env: Mapping[str, str]) -> bool:
-    """Whether torch finds a CUDA device under `env` (CUDA_VISIBLE_DEVICES included). A child interpreter answers,
-    so this supervising process never imports torch or initialises CUDA."""
-    probe = [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"]
+def torch_gpu_count(env: Mapping[str, str]) -> int:
+    """The CUDA devices torch finds under `env` (CUDA_VISIBLE_DEVICES included). A child interpreter answers, so
+    this supervising process never imports torch or initialises CUDA."""
+    probe = [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"]
     try:
         answer = subprocess.run(probe, env=dict(env), capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
-        return False
-    return answer.stdout.strip() == "True"
+        return 0
+    return int(answer.stdout.strip() or 0)
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,9 @@ class LocalStack:
     #: How dead children are restarted once the stack is up; None: not at all (`watch` reports the first death).
     restart_policy: RestartPolicy | None = field(default_factory=RestartPolicy)
     log: Callable[[str], None] = _log_to_stderr
-    #: Whether the talker's `auto` device is CUDA here (see `gateway_workers`).
-    cuda_available: Callable[[Mapping[str, str]], bool] = torch_sees_cuda
+    #: The GPUs torch finds under an environment: where the model processes go (`gpu_placement`), and whether the
+    #: talker's `auto` device is CUDA (`gateway_workers`).
+    gpu_count: Callable[[Mapping[str, str]], int] = torch_gpu_count
     redis: LocalRedis | None = None
     supervisor: Supervisor = field(init=False)
 
@@ -162,10 +165,38 @@ class LocalStack:
         return self.ports.grpc["speech" if self.speech_in_one_process and backend != "diffusion" else backend]
 
     @functools.cached_property
+    def visible_gpus(self) -> int:
+        """The GPUs this stack's environment shows torch, asked once."""
+        return self.gpu_count({**os.environ, **self.extra_env})
+
+    @functools.cached_property
+    def gpu_placement(self) -> dict[str, str]:
+        """The GPUs (CUDA_VISIBLE_DEVICES) each model service's process sees, by service; one left out sees what
+        the stack sees. Decided once, so a restarted process comes back on its GPU."""
+        env = {**os.environ, **self.extra_env}
+        named = {name: env[gpu_setting(name)] for name in BACKENDS if env.get(gpu_setting(name))}
+        if named or self.speech_in_one_process:
+            return named
+        count = self.visible_gpus
+        if count < 2:
+            return {}
+        visible = env.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(count)))).split(",")
+        placement = {"talker": visible[0], "vocoder": visible[1]}
+        if env.get("CHORUS_DIFFUSION_PARALLEL", "none") == "none":  # a parallel DiT spreads over what it sees
+            placement["diffusion"] = visible[2 if count > 2 else 1]
+        self.log(
+            f"{count} GPUs: "
+            + ", ".join(f"{name} on {gpus}" for name, gpus in placement.items())
+            + " (CHORUS_TALKER_GPU, CHORUS_VOCODER_GPU, CHORUS_DIFFUSION_GPU place them otherwise)"
+        )
+        return placement
+
+    @functools.cached_property
     def gateway_workers(self) -> int | None:
         """The gateway processes asked for (None: as CHORUS_GATEWAY_WORKERS or the gateway's default says), decided
         once, when the gateway first starts."""
-        workers = gateway_workers(self._env_for("talker"), self.cuda_available)
+        # A talker placed on a GPU sees one; unplaced, it sees what the stack sees.
+        workers = gateway_workers(self._env_for("talker"), lambda env: self.visible_gpus > 0)
         if workers is not None:
             self.log(f"the talker runs on CUDA: {workers} gateway workers (CHORUS_GATEWAY_WORKERS sets another number)")
         return workers
@@ -177,7 +208,7 @@ class LocalStack:
         env[prefix + "GRACE_S"] = str(self.grace_s)
         env[prefix + "LOG_FORMAT"] = self.log_format
         env.setdefault(prefix + "METRICS_PORT", "0")
-        gpus = env.get(gpu_setting("talker" if name == "speech" else name))
+        gpus = self.gpu_placement.get("talker" if name == "speech" else name)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus
         if name == "gateway":

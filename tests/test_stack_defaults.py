@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from chorus.stack import CUDA_GATEWAY_WORKERS, LocalStack, StackPorts, gateway_workers, torch_sees_cuda
+from chorus.stack import CUDA_GATEWAY_WORKERS, LocalStack, StackPorts, gateway_workers, torch_gpu_count
 
 CORES = len(os.sched_getaffinity(0))
 
@@ -41,7 +41,7 @@ def test_what_the_user_sets_wins():
 def test_the_stack_decides_once_and_says_so():
     lines = []
     stack = LocalStack(
-        StackPorts.choose(0, 0), redis_url="redis://127.0.0.1:1/0", log=lines.append, cuda_available=has_cuda
+        StackPorts.choose(0, 0), redis_url="redis://127.0.0.1:1/0", log=lines.append, gpu_count=lambda env: 1
     )
     for _ in range(2):  # a restarted gateway gets the same number
         assert stack._env_for("gateway")["CHORUS_GATEWAY_WORKERS"] == str(min(CUDA_GATEWAY_WORKERS, CORES))
@@ -53,8 +53,8 @@ def test_the_stack_decides_once_and_says_so():
 def test_torch_answers_in_a_child_process():
     import torch
 
-    assert torch_sees_cuda(os.environ) == torch.cuda.is_available()
-    assert torch_sees_cuda(os.environ | {"CUDA_VISIBLE_DEVICES": ""}) is False
+    assert torch_gpu_count(os.environ) == torch.cuda.device_count()
+    assert torch_gpu_count(os.environ | {"CUDA_VISIBLE_DEVICES": ""}) == 0
 
 
 def test_each_model_process_sees_the_gpus_its_setting_names():
@@ -75,20 +75,40 @@ def test_each_model_process_sees_the_gpus_its_setting_names():
     assert one_process._env_for("speech")["CUDA_VISIBLE_DEVICES"] == "1"
 
 
-def test_the_gateway_workers_follow_the_talkers_gpu():
-    def cuda_on_gpu_1_only(env) -> bool:
-        return env.get("CUDA_VISIBLE_DEVICES") == "1"
+def _stack(gpus: int, one_process: bool = False, log=lambda line: None, **env: str) -> LocalStack:
+    return LocalStack(
+        StackPorts.choose(0, 0),
+        redis_url="redis://127.0.0.1:1/0",
+        extra_env=env,
+        speech_in_one_process=one_process,
+        gpu_count=lambda env: gpus,
+        log=log,
+    )
 
-    for talker_gpu, on_cuda in (("1", True), ("0", False)):
-        stack = LocalStack(
-            StackPorts.choose(0, 0),
-            redis_url="redis://127.0.0.1:1/0",
-            extra_env={"CHORUS_TALKER_GPU": talker_gpu, "CHORUS_VOCODER_GPU": "0"},
-            cuda_available=cuda_on_gpu_1_only,
-            log=lambda line: None,
-        )
-        workers = stack._env_for("gateway").get("CHORUS_GATEWAY_WORKERS")
-        assert (workers == str(min(CUDA_GATEWAY_WORKERS, CORES))) == on_cuda
+
+def _placement(stack: LocalStack) -> dict[str, str | None]:
+    return {name: stack._env_for(name).get("CUDA_VISIBLE_DEVICES") for name in stack.backend_processes}
+
+
+def test_with_two_gpus_or_more_the_talker_gets_one_to_itself(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    lines = []
+    stack = _stack(2, log=lines.append)
+    assert _placement(stack) == {"talker": "0", "vocoder": "1", "diffusion": "1"}
+    assert _placement(stack) == {"talker": "0", "vocoder": "1", "diffusion": "1"}  # decided once, said once
+    assert lines == ["2 GPUs: talker on 0, vocoder on 1, diffusion on 1 (CHORUS_TALKER_GPU, CHORUS_VOCODER_GPU, "
+                     "CHORUS_DIFFUSION_GPU place them otherwise)"]  # fmt: skip
+    assert _placement(_stack(3)) == {"talker": "0", "vocoder": "1", "diffusion": "2"}
+    # A parallel DiT keeps every GPU; indices are those the stack was given.
+    assert _placement(_stack(3, CHORUS_DIFFUSION_PARALLEL="cfg")) == {"talker": "0", "vocoder": "1", "diffusion": None}
+    assert _placement(_stack(2, CUDA_VISIBLE_DEVICES="4,6")) == {"talker": "4", "vocoder": "6", "diffusion": "6"}
+
+
+def test_what_is_named_or_one_gpu_stays_as_it_is(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert _placement(_stack(1)) == dict.fromkeys(("talker", "vocoder", "diffusion"))
+    assert _placement(_stack(2, one_process=True)) == dict.fromkeys(("speech", "diffusion"))
+    assert _placement(_stack(2, CHORUS_VOCODER_GPU="0")) == {"talker": None, "vocoder": "0", "diffusion": None}
 
 
 def test_one_process_cannot_take_two_gpus(monkeypatch, capsys):
