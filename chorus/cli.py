@@ -143,8 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--speech-in-one-process",
-        action="store_true",
-        help="Run talker and vocoder as one process (`chorus serve speech`): on one GPU their kernels interleave.",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Run talker and vocoder as one process (`chorus serve speech`), where their kernels interleave on one "
+        "GPU; by default where the stack sees exactly one GPU and no CHORUS_<SERVICE>_GPU is set.",
     )
     up.set_defaults(handler=_cmd_up)
 

@@ -1,5 +1,6 @@
-"""`chorus up`: the whole stack as local processes — Redis, talker, vocoder, diffusion, gateway (or, with
-`speech_in_one_process`, Redis, speech = talker + vocoder, diffusion, gateway).
+"""`chorus up`: the whole stack as local processes — Redis, talker, vocoder, diffusion, gateway (or, with the
+talker and vocoder in one process, Redis, speech = talker + vocoder, diffusion, gateway: by default where the stack
+sees exactly one GPU, which they would share).
 
 Children run `chorus serve <name>` in their own process group (so a terminal Ctrl-C reaches only
 this parent, which then drains them once with SIGTERM) and are asked by the kernel to die with
@@ -9,9 +10,9 @@ gateway takes a restarted backend back at its next health check.
 
 Each model process sees the GPUs its `CHORUS_<SERVICE>_GPU` names (talker, vocoder, diffusion; the names compose
 reserves devices by): `chorus up` sets that child's CUDA_VISIBLE_DEVICES. The one-process speech service takes the
-talker's. Where none is named and the talker and vocoder run as processes of their own on a host with two GPUs or
-more, the talker gets the first to itself and the vocoder the second, which diffusion shares (a third GPU is
-diffusion's): on one GPU the vocoder's kernels slow the talker's step (README, Talker and vocoder in one process).
+talker's. Where none is named and the stack sees two GPUs or more, the talker gets the first to itself and the
+vocoder the second, which diffusion shares (a third GPU is diffusion's): on one GPU the vocoder's kernels slow the
+talker's step (README, Talker and vocoder in one process).
 
 Defaults follow the device: a talker on CUDA serves 256 streams (64 elsewhere), the gateway admits what its
 backends report they serve, and where the talker runs on CUDA the gateway gets `CUDA_GATEWAY_WORKERS` processes
@@ -105,7 +106,9 @@ class LocalStack:
     log_format: str = "text"
     grace_s: float = 10.0
     extra_env: dict[str, str] = field(default_factory=dict)
-    speech_in_one_process: bool = False
+    #: Talker and vocoder as one process (`chorus serve speech`); None: where they would share one GPU (see
+    #: `speech_in_one`).
+    speech_in_one_process: bool | None = None
     #: How dead children are restarted once the stack is up; None: not at all (`watch` reports the first death).
     restart_policy: RestartPolicy | None = field(default_factory=RestartPolicy)
     log: Callable[[str], None] = _log_to_stderr
@@ -158,11 +161,26 @@ class LocalStack:
 
     @property
     def backend_processes(self) -> tuple[str, ...]:
-        return ("speech", "diffusion") if self.speech_in_one_process else BACKENDS
+        return ("speech", "diffusion") if self.speech_in_one else BACKENDS
 
     def backend_port(self, backend: str) -> int:
         """The port serving `backend` (talker, vocoder or diffusion)."""
-        return self.ports.grpc["speech" if self.speech_in_one_process and backend != "diffusion" else backend]
+        return self.ports.grpc["speech" if self.speech_in_one and backend != "diffusion" else backend]
+
+    @functools.cached_property
+    def speech_in_one(self) -> bool:
+        """Whether talker and vocoder run as one process: as `speech_in_one_process` says, else where no GPU is named
+        and the stack sees exactly one, which they would share (README, Talker and vocoder in one process)."""
+        if self.speech_in_one_process is not None:
+            return self.speech_in_one_process
+        if self._named_gpus() or self.visible_gpus != 1:
+            return False
+        self.log("1 GPU: talker and vocoder in one process (--no-speech-in-one-process runs them apart)")
+        return True
+
+    def _named_gpus(self) -> dict[str, str]:
+        env = {**os.environ, **self.extra_env}
+        return {name: env[gpu_setting(name)] for name in BACKENDS if env.get(gpu_setting(name))}
 
     @functools.cached_property
     def visible_gpus(self) -> int:
@@ -173,13 +191,10 @@ class LocalStack:
     def gpu_placement(self) -> dict[str, str]:
         """The GPUs (CUDA_VISIBLE_DEVICES) each model service's process sees, by service; one left out sees what
         the stack sees. Decided once, so a restarted process comes back on its GPU."""
-        env = {**os.environ, **self.extra_env}
-        named = {name: env[gpu_setting(name)] for name in BACKENDS if env.get(gpu_setting(name))}
-        if named or self.speech_in_one_process:
+        named = self._named_gpus()
+        if named or self.speech_in_one or self.visible_gpus < 2:
             return named
-        count = self.visible_gpus
-        if count < 2:
-            return {}
+        env, count = {**os.environ, **self.extra_env}, self.visible_gpus
         visible = env.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(count)))).split(",")
         placement = {"talker": visible[0], "vocoder": visible[1]}
         if env.get("CHORUS_DIFFUSION_PARALLEL", "none") == "none":  # a parallel DiT spreads over what it sees

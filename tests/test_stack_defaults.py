@@ -41,7 +41,11 @@ def test_what_the_user_sets_wins():
 def test_the_stack_decides_once_and_says_so():
     lines = []
     stack = LocalStack(
-        StackPorts.choose(0, 0), redis_url="redis://127.0.0.1:1/0", log=lines.append, gpu_count=lambda env: 1
+        StackPorts.choose(0, 0),
+        redis_url="redis://127.0.0.1:1/0",
+        log=lines.append,
+        gpu_count=lambda env: 1,
+        speech_in_one_process=False,
     )
     for _ in range(2):  # a restarted gateway gets the same number
         assert stack._env_for("gateway")["CHORUS_GATEWAY_WORKERS"] == str(min(CUDA_GATEWAY_WORKERS, CORES))
@@ -75,7 +79,7 @@ def test_each_model_process_sees_the_gpus_its_setting_names():
     assert one_process._env_for("speech")["CUDA_VISIBLE_DEVICES"] == "1"
 
 
-def _stack(gpus: int, one_process: bool = False, log=lambda line: None, **env: str) -> LocalStack:
+def _stack(gpus: int, one_process: bool | None = None, log=lambda line: None, **env: str) -> LocalStack:
     return LocalStack(
         StackPorts.choose(0, 0),
         redis_url="redis://127.0.0.1:1/0",
@@ -104,11 +108,18 @@ def test_with_two_gpus_or_more_the_talker_gets_one_to_itself(monkeypatch):
     assert _placement(_stack(2, CUDA_VISIBLE_DEVICES="4,6")) == {"talker": "4", "vocoder": "6", "diffusion": "6"}
 
 
-def test_what_is_named_or_one_gpu_stays_as_it_is(monkeypatch):
+def test_on_one_gpu_talker_and_vocoder_share_a_process(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert _placement(_stack(1)) == dict.fromkeys(("talker", "vocoder", "diffusion"))
-    assert _placement(_stack(2, one_process=True)) == dict.fromkeys(("speech", "diffusion"))
-    assert _placement(_stack(2, CHORUS_VOCODER_GPU="0")) == {"talker": None, "vocoder": "0", "diffusion": None}
+    lines = []
+    one_gpu = _stack(1, log=lines.append)
+    assert _placement(one_gpu) == {"speech": None, "diffusion": None}
+    assert one_gpu.backend_port("vocoder") == one_gpu.backend_port("talker") != one_gpu.backend_port("diffusion")
+    assert lines == ["1 GPU: talker and vocoder in one process (--no-speech-in-one-process runs them apart)"]
+    # Apart where asked, where no GPU is seen, or where their GPUs are named; together where asked, on any count.
+    assert _placement(_stack(1, one_process=False)) == dict.fromkeys(("talker", "vocoder", "diffusion"))
+    assert _placement(_stack(0)) == dict.fromkeys(("talker", "vocoder", "diffusion"))
+    assert _placement(_stack(1, CHORUS_VOCODER_GPU="0")) == {"talker": None, "vocoder": "0", "diffusion": None}
+    assert _placement(_stack(2, one_process=True)) == {"speech": None, "diffusion": None}
 
 
 def test_one_process_cannot_take_two_gpus(monkeypatch, capsys):
