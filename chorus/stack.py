@@ -120,8 +120,8 @@ class LocalStack:
 
     def __post_init__(self) -> None:
         self.supervisor = Supervisor(self.restart_policy or RestartPolicy(), self.log, self._is_serving_again)
-        env = {**os.environ, **self.extra_env}
-        talker_gpu, vocoder_gpu = env.get(gpu_setting("talker")), env.get(gpu_setting("vocoder"))
+        named = self._named_gpus()
+        talker_gpu, vocoder_gpu = named.get("talker"), named.get("vocoder")
         if self.speech_in_one_process and vocoder_gpu and vocoder_gpu != talker_gpu:
             raise ValueError(
                 f"{gpu_setting('vocoder')}={vocoder_gpu} names another GPU than the talker's, but one process serves "
@@ -178,14 +178,18 @@ class LocalStack:
         self.log("1 GPU: talker and vocoder in one process (--no-speech-in-one-process runs them apart)")
         return True
 
+    def _environment(self) -> dict[str, str]:
+        """What the children inherit before their own settings."""
+        return {**os.environ, **self.extra_env}
+
     def _named_gpus(self) -> dict[str, str]:
-        env = {**os.environ, **self.extra_env}
+        env = self._environment()
         return {name: env[gpu_setting(name)] for name in BACKENDS if env.get(gpu_setting(name))}
 
     @functools.cached_property
     def visible_gpus(self) -> int:
         """The GPUs this stack's environment shows torch, asked once."""
-        return self.gpu_count({**os.environ, **self.extra_env})
+        return self.gpu_count(self._environment())
 
     @functools.cached_property
     def gpu_placement(self) -> dict[str, str]:
@@ -194,7 +198,7 @@ class LocalStack:
         named = self._named_gpus()
         if named or self.speech_in_one or self.visible_gpus < 2:
             return named
-        env, count = {**os.environ, **self.extra_env}, self.visible_gpus
+        env, count = self._environment(), self.visible_gpus
         visible = env.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(count)))).split(",")
         placement = {"talker": visible[0], "vocoder": visible[1]}
         if env.get("CHORUS_DIFFUSION_PARALLEL", "none") == "none":  # a parallel DiT spreads over what it sees
@@ -218,7 +222,7 @@ class LocalStack:
 
     def _env_for(self, name: str) -> dict[str, str]:
         prefix = SERVICES[name].load_config_class().env_prefix
-        env = {**os.environ, **self.extra_env}
+        env = self._environment()
         env[prefix + "PORT"] = str(self.ports.grpc[name])
         env[prefix + "GRACE_S"] = str(self.grace_s)
         env[prefix + "LOG_FORMAT"] = self.log_format
