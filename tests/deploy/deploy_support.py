@@ -89,6 +89,9 @@ def load_compose(name: str, environ: dict[str, str] | None = None) -> dict:
         return interpolate(yaml.load(stream, Loader=ComposeLoader), environ or {})
 
 
+REPLACED_LISTS = {"command", "entrypoint"}  # lists an override replaces whole, in Compose's merge
+
+
 def merge_compose(base: dict, override: dict) -> dict:
     """Compose's override merge for mappings and scalars (`!reset` removes); lists are not merged."""
     merged = dict(base)
@@ -98,6 +101,6 @@ def merge_compose(base: dict, override: dict) -> dict:
         elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = merge_compose(merged[key], value)
         else:
-            assert not isinstance(value, list), f"list merge of {key!r} is not modelled"
+            assert not isinstance(value, list) or key in REPLACED_LISTS, f"list merge of {key!r} is not modelled"
             merged[key] = value
     return merged

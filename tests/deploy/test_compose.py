@@ -1,5 +1,6 @@
-"""docker-compose.yml (GPU host) and docker-compose.cpu.yml (laptop override): the Compose
-specification's JSON schema, then the contracts between the files, the images and the CLI."""
+"""docker-compose.yml (GPU host), docker-compose.cpu.yml (laptop override) and docker-compose.speech.yml (one GPU:
+talker and vocoder in one process): the Compose specification's JSON schema, then the contracts between the files,
+the images and the CLI."""
 
 from __future__ import annotations
 
@@ -18,13 +19,17 @@ from deploy_support import PENDING_ENV, REPO, dockerfile_env, load_compose, merg
 from chorus.cli import build_parser
 from chorus.services import SERVICES
 
-BASE, CPU_OVERRIDE = "docker-compose.yml", "docker-compose.cpu.yml"
+BASE, CPU_OVERRIDE, SPEECH_OVERRIDE = "docker-compose.yml", "docker-compose.cpu.yml", "docker-compose.speech.yml"
 MODEL_SERVICES = ("talker", "vocoder", "diffusion")
 SCHEMA = json.loads((Path(__file__).parent / "compose-spec.json").read_text())
 
 
 def cpu_stack() -> dict:
     return merge_compose(load_compose(BASE), load_compose(CPU_OVERRIDE))
+
+
+def speech_stack() -> dict:
+    return merge_compose(load_compose(BASE), load_compose(SPEECH_OVERRIDE))
 
 
 def duration_s(text: str) -> float:
@@ -35,9 +40,11 @@ def duration_s(text: str) -> float:
     return hours * 3600 + minutes * 60 + seconds
 
 
-@pytest.mark.parametrize("name", [BASE, CPU_OVERRIDE])
+@pytest.mark.parametrize("name", [BASE, CPU_OVERRIDE, SPEECH_OVERRIDE])
 def test_file_matches_the_compose_specification(name):
-    errors = sorted(jsonschema.Draft7Validator(SCHEMA).iter_errors(load_compose(name)), key=str)
+    # The speech override's `!reset` entries are not a whole file's shapes: the stack it makes is checked.
+    stack = speech_stack() if name == SPEECH_OVERRIDE else load_compose(name)
+    errors = sorted(jsonschema.Draft7Validator(SCHEMA).iter_errors(stack), key=str)
     assert not errors, "\n".join(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
 
 
@@ -126,6 +133,27 @@ def test_env_vars_name_real_settings(name, config_env_names):
         assert chorus_vars <= known, f"{service_name}: {sorted(chorus_vars - known)}"
 
 
+def test_speech_override_serves_talker_and_vocoder_from_one_process(config_env_names):
+    services = speech_stack()["services"]
+    assert set(services) == {"redis", "gateway", "talker", "diffusion"}
+    talker, gateway = services["talker"], services["gateway"]
+    args = build_parser().parse_args(talker["command"])
+    assert (args.command, args.service) == ("serve", "speech")
+    env = talker["environment"]
+    port = env["CHORUS_SPEECH_PORT"]
+    assert env["CHORUS_SPEECH_HOST"] == "0.0.0.0" and port in talker["expose"]  # reachable from the gateway
+    assert talker["healthcheck"]["test"][:4] == ["CMD", "chorus-health-probe", "--address", f"127.0.0.1:{port}"]
+    targets = gateway["environment"]
+    assert targets["CHORUS_GATEWAY_TALKER_TARGETS"] == targets["CHORUS_GATEWAY_VOCODER_TARGETS"] == f"talker:{port}"
+    assert set(gateway["depends_on"]) == {"redis", "talker", "diffusion"}
+    # The one process reads its own, the talker's and the vocoder's settings; each speech field is set for the
+    # container as the image sets it for the talker (metrics port, drain time below the stop grace period).
+    readable = config_env_names["speech"] | config_env_names["talker"] | config_env_names["vocoder"]
+    assert {var for var in env if var.startswith("CHORUS_")} <= readable | PENDING_ENV
+    assert env["CHORUS_SPEECH_METRICS_PORT"] in talker["expose"]
+    assert duration_s(talker["stop_grace_period"]) > float(env["CHORUS_SPEECH_GRACE_S"])
+
+
 def test_environment_overrides_the_defaults():
     services = load_compose(BASE, {"CHORUS_TALKER_MODEL": "/models/qwen", "CHORUS_TALKER_GPU": "3"})["services"]
     assert services["talker"]["environment"]["CHORUS_TALKER_MODEL"] == "/models/qwen"
@@ -180,3 +208,22 @@ def test_docker_compose_resolves_the_stack(docker_compose, files, gpu_reservatio
         assert service.get("environment", {}) == ours.get("environment", {}), name
         assert service["healthcheck"]["test"] == ours["healthcheck"]["test"], name
         assert service.get("build", {}).get("dockerfile") == ours.get("build", {}).get("dockerfile"), name
+
+
+def test_docker_compose_drops_the_vocoder_with_the_speech_override(docker_compose):
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("CHORUS_", "COMPOSE_"))}
+    result = subprocess.run(
+        [docker_compose, "-f", BASE, "-f", SPEECH_OVERRIDE, "config", "--format", "json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    ours = speech_stack()["services"]
+    assert set(services) == set(ours)
+    assert set(services["gateway"]["depends_on"]) == set(ours["gateway"]["depends_on"])
+    for name, service in services.items():
+        assert service.get("environment", {}) == ours[name].get("environment", {}), name
+        assert service.get("command") == ours[name].get("command"), name
