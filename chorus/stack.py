@@ -203,19 +203,15 @@ class LocalStack:
         placement = {"talker": visible[0], "vocoder": visible[1]}
         if env.get("CHORUS_DIFFUSION_PARALLEL", "none") == "none":  # a parallel DiT spreads over what it sees
             placement["diffusion"] = visible[2 if count > 2 else 1]
-        self.log(
-            f"{count} GPUs: "
-            + ", ".join(f"{name} on {gpus}" for name, gpus in placement.items())
-            + " (CHORUS_TALKER_GPU, CHORUS_VOCODER_GPU, CHORUS_DIFFUSION_GPU place them otherwise)"
-        )
+        where = ", ".join(f"{name} on {gpus}" for name, gpus in placement.items())
+        self.log(f"{count} GPUs: {where} ({', '.join(map(gpu_setting, BACKENDS))} place them otherwise)")
         return placement
 
     @functools.cached_property
     def gateway_workers(self) -> int | None:
         """The gateway processes asked for (None: as CHORUS_GATEWAY_WORKERS or the gateway's default says), decided
         once, when the gateway first starts."""
-        # A talker placed on a GPU sees one; unplaced, it sees what the stack sees.
-        workers = gateway_workers(self._env_for("talker"), lambda env: self.visible_gpus > 0)
+        workers = gateway_workers(self._environment(), lambda env: self.visible_gpus > 0)
         if workers is not None:
             self.log(f"the talker runs on CUDA: {workers} gateway workers (CHORUS_GATEWAY_WORKERS sets another number)")
         return workers
