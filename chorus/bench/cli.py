@@ -14,7 +14,6 @@ import grpc
 import httpx
 
 from chorus.bench import diffusion, tts
-from chorus.bench.client_processes import ClientProcessError
 from chorus.bench.prompts import SPEECH
 from chorus.bench.report import REPO, Progress, write
 from chorus.client.grpc_client import FORMATS
@@ -60,11 +59,6 @@ def register(commands: argparse._SubParsersAction) -> None:
         "of it is healthy; each level then reports the kills and how long its streams went without audio after one.",
     )
     speech.add_argument(
-        "--client-processes", type=int, default=0, metavar="N",
-        help="Send each level's requests from N client processes (0: one per 64 streams in flight, at most a quarter "
-        "of this host's cores), so the client does not become what is measured.",
-    )  # fmt: skip
-    speech.add_argument(
         "--no-breakdown", action="store_true",
         help="Leave out each level's step-time breakdown (talker, vocoder, CPU of the local stack's processes).",
     )  # fmt: skip
@@ -100,9 +94,6 @@ def _main(args: argparse.Namespace, kind: str, run, check_targets, stacks=None) 
         return 1
     except TimeoutError:
         print(f"chorus bench: stopped after --timeout-s {args.timeout_s:.0f} s", file=sys.stderr)
-        return 1
-    except ClientProcessError as exc:
-        print(f"chorus bench: {exc}", file=sys.stderr)
         return 1
     settings = {key: value for key, value in vars(args).items() if key not in ("handler", "api_key", "out")}
     targets = check_targets(levels)

@@ -3,41 +3,161 @@ sweep of concurrency levels; each level keeps exactly `concurrency` requests in 
 is done, and says where the stack's time went meanwhile when its processes are on this machine (`breakdown`; off
 with `--no-breakdown`). With `--chaos N` a talker or vocoder replica is killed every N seconds meanwhile (`chaos`).
 
-`--format` picks the response format (pcm by default; how encoded audio is timed: `chorus.bench.speech_requests`).
-`--client-processes` spreads each level's requests over several client processes (by default one per 64 streams
-in flight, up to a quarter of the host's cores: `chorus.bench.client_processes`); each level reports its client
-processes and how busy the busiest was (`client`). Each level's `ttfp_stages` splits the TTFP of a sample of its
-requests at the stages their runs marked (`chorus.bench.ttfp`)."""
+`--format` picks the response format (pcm by default). PCM bytes are audio seconds as they arrive; an encoded
+response's seconds are known once it is complete (its packets' durations, read without decoding), and each piece
+of it is credited the packets it made playable; TTFP and the simulated player start at the first piece with audio,
+not at a container header. Encoded responses are read after their level ends: one client process standing in for
+many, it would otherwise spend the level's time demuxing, and send each next request late (at 64 streams on an
+H100 host, a request's turn in an mp3 or opus level lasted ~200 ms longer than its latency, in pcm ~20 ms).
+Each level's `ttfp_stages` splits the TTFP of a sample of its requests at the stages their runs marked
+(`chorus.bench.ttfp`)."""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import contextlib
+import io
 import itertools
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Callable
+
+import aiohttp
+import av
+import grpc
 
 from chorus.bench.breakdown import StepBreakdown
 from chorus.bench.chaos import Chaos
-from chorus.bench.client_processes import LevelLoad, Share, auto_client_processes, deal, run_in_processes, run_share
 from chorus.bench.metrics import RequestTiming, steady_quarters, summarize
 from chorus.bench.prompts import SPEECH
 from chorus.bench.report import checked
-from chorus.bench.speech_requests import SpeechClient, speech_body
 from chorus.bench.ttfp import level_ttfp_stages
+from chorus.client.grpc_client import FORMATS
+from chorus.v1 import gateway_pb2, gateway_pb2_grpc
 
-# A level's load: given the per-request progress callback, its responses and clock (LevelLoad).
-Load = Callable[[Callable[[], None]], Awaitable[LevelLoad]]
+SAMPLE_RATE_HZ = 24_000
+BYTES_PER_SECOND = 2 * SAMPLE_RATE_HZ  # pcm: 16-bit mono
+
+
+def speech_body(
+    model: str, text: str, seed: int, fixed_frames: int | None, voice: str, response_format: str = "pcm"
+) -> dict:
+    body = {"model": model, "input": text, "voice": voice, "response_format": response_format, "seed": seed}
+    if fixed_frames:
+        body |= {"max_frames": fixed_frames, "ignore_eos": True}
+    return body
+
+
+class Response:
+    """One response's bytes as they arrive, turned into its RequestTiming once the level is over."""
+
+    def __init__(self, response_format: str) -> None:
+        self.response_format = response_format
+        self.timing = RequestTiming(sent_at=time.perf_counter())
+        self.pieces: list[tuple[float, int]] = []  # (arrival time, bytes)
+        self.encoded = bytearray()
+
+    def arrived(self, data: bytes) -> None:
+        if data:
+            self.pieces.append((time.perf_counter(), len(data)))
+            if self.response_format != "pcm":
+                self.encoded += data
+
+    def finish(self, error: str | None = None) -> Response:
+        self.timing.finished_at = time.perf_counter()
+        self.timing.error = error
+        return self
+
+    def timed(self) -> RequestTiming:
+        """The timing with its arrivals: each piece's seconds of audio (an encoded file's read from its packets)."""
+        if self.timing.error is None and self.pieces:
+            if self.response_format == "pcm":
+                seconds = [num_bytes / BYTES_PER_SECOND for _, num_bytes in self.pieces]
+            else:
+                seconds = seconds_per_piece(bytes(self.encoded), [num_bytes for _, num_bytes in self.pieces])
+            # A piece without audio (a container header) is not audio: TTFP and the player start at the first with.
+            self.timing.arrivals = [(at, s) for (at, _), s in zip(self.pieces, seconds, strict=True) if s > 0]
+            if self.timing.arrivals:
+                self.timing.first_audio_at = self.timing.arrivals[0][0]
+        return self.timing
+
+
+def seconds_per_piece(data: bytes, sizes: list[int]) -> list[float]:
+    """Seconds of audio each piece of a complete encoded file (`data`, arrived in pieces of `sizes` bytes) made
+    playable, from its packets' durations (no decoding). A packet is playable once the bytes up to the next
+    packet's start have arrived: in Ogg that is the end of its page, which a player needs whole."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        packets = [(packet.pos, packet.size, packet.duration or 0) for packet in container.demux(stream) if packet.size]
+        time_base = float(stream.time_base)
+    starts = sorted({pos for pos, _, _ in packets})
+    piece_ends = list(itertools.accumulate(sizes))
+    seconds = [0.0] * len(sizes)
+    for pos, size, duration in packets:
+        following = bisect.bisect_right(starts, pos)
+        playable_at = max(pos + size, starts[following] if following < len(starts) else len(data))
+        seconds[bisect.bisect_left(piece_ends, playable_at)] += duration * time_base
+    return seconds
+
+
+async def rest_request(session: aiohttp.ClientSession, body: dict) -> Response:
+    response = Response(body["response_format"])
+    try:
+        async with session.post("/v1/audio/speech", json=body) as reply:
+            response.timing.request_id = reply.headers.get("X-Request-Id")
+            if reply.status != 200:
+                await reply.read()
+                return response.finish(f"HTTP {reply.status}")
+            async for data in reply.content.iter_any():
+                response.arrived(data)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return response.finish(type(exc).__name__)
+    return response.finish()
+
+
+async def grpc_request(stub: gateway_pb2_grpc.ChorusStub, body: dict, metadata) -> Response:
+    request = gateway_pb2.SpeakRequest(
+        model=body["model"], input=body["input"], voice=body["voice"], seed=body["seed"],
+        response_format=FORMATS[body["response_format"]], max_frames=body.get("max_frames", 0),
+        ignore_eos=body.get("ignore_eos", False),
+    )  # fmt: skip
+    response = Response(body["response_format"])
+    try:
+        async for output in stub.Speak(request, metadata=metadata):
+            if output.HasField("audio"):
+                response.arrived(output.audio.data)
+            elif output.HasField("request_id"):
+                response.timing.request_id = output.request_id
+    except grpc.aio.AioRpcError as exc:
+        return response.finish(exc.code().name)
+    return response.finish()
 
 
 async def run_level(
-    load: Load, on_done, chaos: Chaos | None = None, steps: StepBreakdown | None = None
+    send: Callable[[int], object],
+    concurrency: int,
+    num_requests: int,
+    on_done,
+    chaos: Chaos | None = None,
+    steps: StepBreakdown | None = None,
 ) -> tuple[dict, list[RequestTiming]]:
-    """Runs a level's `load` (its breakdown `steps` started before); returns the level's summary, with the fail-overs
-    `chaos` caused and where the client's time went, and its requests' timings."""
-    level = await load(on_done)
+    """`num_requests` calls of `send(index)` (a coroutine giving its `Response`) with `concurrency` in flight;
+    the level's summary (with the fail-overs `chaos` caused and the breakdown of `steps`, started before) and its
+    requests' timings."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(index: int) -> Response:
+        async with slots:
+            response = await send(index)
+        on_done()
+        return response
+
+    started = time.perf_counter()
+    responses = await asyncio.gather(*(one(index) for index in range(num_requests)))
+    wall_s = time.perf_counter() - started
     breakdown = await steps.finish() if steps is not None else None  # before reading the responses: off the clock
-    timings = await asyncio.to_thread(lambda: [response.timed() for response in level.responses])
-    summary = summarize(timings, level.wall_s) | {"steady_quarters": steady_quarters(timings, level.started)}
-    summary["client"] = level.client_summary()
+    timings = await asyncio.to_thread(lambda: [response.timed() for response in responses])
+    summary = summarize(timings, wall_s) | {"steady_quarters": steady_quarters(timings, started)}
     if chaos is not None:
         summary["chaos"] = chaos.summary(timings)
     if breakdown is not None:
@@ -45,27 +165,27 @@ async def run_level(
     return summary, timings
 
 
-def in_process(client: SpeechClient, share: Share) -> Load:
-    """A level's load sent from this process."""
-
-    async def load(on_done) -> LevelLoad:
-        responses, started, wall_s, cpu_s = await run_share(client, share, on_done)
-        return LevelLoad(responses, started, wall_s, [cpu_s])
-
-    return load
-
-
-def in_processes(shares: list[Share], timeout_s: float) -> Load:
-    """A level's load sent from one client process per share."""
-    return lambda on_done: run_in_processes(shares, on_done, timeout_s)
-
-
 async def run(args, progress) -> list[dict]:
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    metadata = tuple(headers.items())
+    # aiohttp (as vLLM-Omni's benchmark client): at concurrency 64 an httpx client, parsing in pure Python, took
+    # most of a core and was late sending each wave's requests. One connection per request in flight, as that
+    # many separate clients would have; for gRPC too (one shared channel would multiplex every stream onto one
+    # connection, hence onto one gateway worker).
+    connector = aiohttp.TCPConnector(limit=max(args.concurrency) * 2)
+    timeout = aiohttp.ClientTimeout(total=args.request_timeout_s)
+    channels = [
+        grpc.aio.insecure_channel(args.grpc_target, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(max(args.concurrency) if args.transport in ("grpc", "both") else 0)
+    ]
     levels = []
-    streams = max(args.concurrency)
-    async with SpeechClient(args.url, args.grpc_target, headers, args.request_timeout_s, streams) as client:
-        http = client.http
+    async with (
+        aiohttp.ClientSession(args.url, headers=headers, timeout=timeout, connector=connector) as http,
+        contextlib.AsyncExitStack() as open_channels,
+    ):
+        for channel in channels:
+            await open_channels.enter_async_context(channel)
+        stubs = [gateway_pb2_grpc.ChorusStub(channel) for channel in channels]
         if args.model is None:
             async with http.get("/v1/models") as reply:
                 model = (await reply.json())["data"][0]["id"]
@@ -74,33 +194,28 @@ async def run(args, progress) -> list[dict]:
         texts = [SPEECH[name] for name in args.prompts]
         chaos = Chaos(http, args.chaos) if args.chaos else None
         steps = None if args.no_breakdown else StepBreakdown(http, args.url, args.grpc_target)
+        if steps is not None:
+            open_channels.push_async_callback(steps.close)
         killing = asyncio.create_task(chaos.run()) if chaos is not None else None
-        try:
-            transports = ("rest", "grpc") if args.transport == "both" else (args.transport,)
-            for transport, concurrency in itertools.product(transports, args.concurrency):
-                num_requests = args.requests_per_level or max(8, 2 * concurrency)
-                bodies = [
-                    speech_body(model, texts[index % len(texts)], index, args.fixed_frames, args.voice, args.format)
-                    for index in range(num_requests)
-                ]
-                num_processes = min(args.client_processes or auto_client_processes(concurrency), concurrency)
-                shares = [
-                    Share(transport, args.url, args.grpc_target, headers, args.request_timeout_s, streams, share_bodies)
-                    for share_bodies, streams in deal(bodies, concurrency, num_processes)
-                ]
-                load = in_process(client, shares[0]) if num_processes == 1 else in_processes(shares, args.timeout_s)
-                counter = progress.level(f"{transport} c={concurrency}", num_requests)
-                if steps is not None:
-                    await steps.start()
-                summary, timings = await run_level(load, counter, chaos, steps)
-                summary["ttfp_stages"] = await level_ttfp_stages(http, timings)  # read after the level, not timed
-                levels.append({"transport": transport, "concurrency": concurrency} | summary)
-                progress.done(levels[-1])
-        finally:
-            if killing is not None:
-                killing.cancel()
+        transports = ("rest", "grpc") if args.transport == "both" else (args.transport,)
+        for transport, concurrency in itertools.product(transports, args.concurrency):
+            num_requests = args.requests_per_level or max(8, 2 * concurrency)
+
+            def send(index: int, transport=transport, concurrency=concurrency):
+                body = speech_body(model, texts[index % len(texts)], index, args.fixed_frames, args.voice, args.format)
+                if transport == "rest":
+                    return rest_request(http, body)
+                return grpc_request(stubs[index % concurrency], body, metadata)
+
+            counter = progress.level(f"{transport} c={concurrency}", num_requests)
             if steps is not None:
-                await steps.close()
+                await steps.start()
+            summary, timings = await run_level(send, concurrency, num_requests, counter, chaos, steps)
+            summary["ttfp_stages"] = await level_ttfp_stages(http, timings)  # read after the level, not timed
+            levels.append({"transport": transport, "concurrency": concurrency} | summary)
+            progress.done(levels[-1])
+        if killing is not None:
+            killing.cancel()
     return levels
 
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chorus.bench.client_processes import Share
-from chorus.bench.speech_requests import Response, seconds_per_piece
-from chorus.bench.tts import in_process, run_level
+from chorus.bench.tts import Response, run_level, seconds_per_piece
 from chorus.gateway.audio.encoder import StreamingEncoder
 
 RATE_HZ = 24_000
@@ -55,22 +53,18 @@ async def test_a_level_reads_its_encoded_responses_after_its_last_request(monkey
     data, sizes, _ = encoded_in_pieces("mp3", num_chunks=12)
     events = []
 
-    class FilledClient:
-        """Stands in for the connections: each request's response arrives whole at once."""
-
-        async def send(self, transport: str, body: dict, stream: int) -> Response:
-            response = Response("mp3")
-            offset = 0
-            for size in sizes:
-                response.arrived(data[offset : offset + size])
-                offset += size
-            events.append("request")
-            return response.finish()
+    async def send(index: int) -> Response:
+        response = Response("mp3")
+        offset = 0
+        for size in sizes:
+            response.arrived(data[offset : offset + size])
+            offset += size
+        events.append("request")
+        return response.finish()
 
     timed = Response.timed
     monkeypatch.setattr(Response, "timed", lambda response: events.append("read") or timed(response))
-    share = Share("rest", "http://unused", "unused:0", {}, 10.0, concurrency=2, bodies=[{}] * 4)
-    summary, timings = await run_level(in_process(FilledClient(), share), on_done=lambda: None)
+    summary, timings = await run_level(send, concurrency=2, num_requests=4, on_done=lambda: None)
     assert events == ["request"] * 4 + ["read"] * 4
     assert summary["completed"] == 4
     assert all(timing.audio_s == pytest.approx(12 * CHUNK_S, abs=0.1) for timing in timings)
