@@ -96,6 +96,8 @@ async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, r
         assert steps["memory_mib"].keys() == {"speech_rss_mib", "gateway_rss_mib"}, steps["memory_mib"]
         assert steps["memory_mib"]["speech_rss_mib"]["max"] > 100
         assert len(level["steady_quarters"]) == (4 if level["concurrency"] < 3 else 0)
+        # The client's CPU time over the level: here the stack shares the process, so it is the stack's too.
+        assert 0 < level["client_cpu_s_per_s"] < 2.5, level["client_cpu_s_per_s"]
         # Every request's TTFP split at its run's marks: the parts are positive and add up to it.
         stages = level["ttfp_stages"]
         assert stages["requests"] == 3 and list(stages["p50_ms"]) == list(STAGES), stages
