@@ -331,3 +331,30 @@ def test_aborting_neighbours_mid_step_leaves_the_other_requests_codes_unchanged(
     for name in "def":
         np.testing.assert_array_equal(streams[name].collect(), undisturbed[name], err_msg=f"request {name}")
     assert engine.load().free_slots == 8
+
+
+def test_a_step_launches_its_decode_before_the_prefills_host_work_and_the_newcomer_matches_alone(tiny_loaded):
+    """The prefills' host work overlaps the decode step already on the GPU and the one just launched, so a step
+    launches first; a request that arrives while another runs still gets the codes it gets alone."""
+    engine = _engine(tiny_loaded)
+    newcomer = ("late", _voice(engine, "A late arrival."), SamplingParams(seed=7), 12)
+    (alone,), _ = _run(engine, [newcomer])
+    calls = []
+    for name in ("launch", "prefill"):
+        original = getattr(engine.runner, name)
+
+        def recorded(*args, _name=name, _original=original, **kwargs):
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        setattr(engine.runner, name, recorded)
+    early = engine.submit("early", _voice(engine), SamplingParams(seed=3), max_frames=12)
+    engine.step()  # prefills the first request: nothing to decode yet
+    engine.step()
+    late = engine.submit(*newcomer[:3], max_frames=newcomer[3])
+    calls.clear()
+    engine.step()  # decodes the first request and prefills the newcomer
+    assert calls == ["launch", "prefill"], calls
+    engine.run_until_idle()
+    np.testing.assert_array_equal(late.collect(), alone)
+    assert len(early.collect()) == 12
