@@ -36,7 +36,7 @@ class TalkerCollector(Collector):
         yield CounterMetricFamily("chorus_talker_prefills", "Requests prefilled.", stats.prefills)
         yield CounterMetricFamily(
             "chorus_talker_prefill_seconds",
-            "Time in batched prefills, when decoding waits.",
+            "Engine-thread time in batched prefills (the GPU runs the decode steps already launched meanwhile).",
             stats.prefill_ms_total / 1e3,
         )
         yield GaugeMetricFamily("chorus_talker_last_step_seconds", "Latest decode step time.", stats.last_step_ms / 1e3)

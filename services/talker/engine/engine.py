@@ -89,7 +89,7 @@ class EngineStats:
     last_batch_size: int = 0
     step_ms_total: float = 0.0
     prefills: int = 0  # requests prefilled
-    prefill_ms_total: float = 0.0  # time in batched prefills (decoding waits meanwhile)
+    prefill_ms_total: float = 0.0  # engine-thread time in batched prefills (the GPU runs launched steps meanwhile)
     preemptions: int = 0  # requests taken off their slot for lack of KV blocks (each resumed later)
 
 
