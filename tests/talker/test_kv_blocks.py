@@ -28,7 +28,16 @@ def test_slots_take_blocks_as_they_grow_and_give_them_back():
     blocks.release(1)
     assert blocks.num_free == 3 and blocks.table[1].tolist() == [SPARE_BLOCK] * 3
     assert blocks.grow(2, 3 * BLOCK_SIZE) and sorted(blocks.owned(2, 3 * BLOCK_SIZE)) == [2, 3, 4]
+    assert blocks.num_holders == 2
+    # The device table follows the host's at upload (before each decode launch), in one copy.
+    assert blocks.table.tolist() == [[SPARE_BLOCK] * 3] * 3
+    blocks.upload()
+    assert blocks.table.tolist() == blocks.host_table.tolist()
     assert blocks.table[0].tolist() == [1, SPARE_BLOCK, SPARE_BLOCK]
+    blocks.release(0)
+    assert blocks.num_holders == 1 and blocks.table[0].tolist() == [1, SPARE_BLOCK, SPARE_BLOCK]
+    blocks.upload()
+    assert blocks.table[0].tolist() == [SPARE_BLOCK] * 3
 
 
 def test_a_pool_smaller_than_one_request_is_refused(tiny_loaded):

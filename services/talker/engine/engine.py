@@ -481,8 +481,7 @@ class TalkerEngine:
         """Whether the KV pool can take a waiting request's prompt (its size as last built; one block before) and
         still leave a block per running request, which each may need within its next 64 frames: starting it then
         does not at once preempt another, or itself again if it was preempted (it waits first in the queue)."""
-        running = sum(1 for r in self.scheduler.running.values() if self.kv_blocks.held[r.slot])
-        return self.kv_blocks.num_free - request.prompt_blocks >= running
+        return self.kv_blocks.num_free - request.prompt_blocks >= self.kv_blocks.num_holders  # holders all run
 
     def _reserve_prompt_blocks(self, request: TalkerRequest) -> bool:
         """The KV blocks of a request's prompt, or back to the queue's head, its size noted, if the pool lacks

@@ -5,13 +5,16 @@ when it ends, so the pool holds what live requests use rather than every slot's 
 device block table maps each slot's i-th block of positions to a block of the pool; the decode kernels (and the
 PyTorch path, through a gather) read it. Entries of positions a slot does not hold point at block 0, a block no
 slot owns: a row that computes without advancing (a free slot, a paused request) writes there, never into
-another slot's blocks.
+another slot's blocks. Bookkeeping is on the host; the device table follows at `upload`, which the runner calls
+before each decode launch, the only reader.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from chorus.talker.engine.host_mirror import HostMirror
 
 BLOCK_SIZE = 64  # positions per block: one tile of the attention kernel's key loop
 SPARE_BLOCK = 0
@@ -31,8 +34,10 @@ class KVBlocks:
             )
         self.num_blocks = num_blocks
         self.table = torch.zeros(num_slots, self.blocks_per_slot, dtype=torch.int32, device=device)
-        self.host_table = np.zeros((num_slots, self.blocks_per_slot), dtype=np.int32)
+        self._mirror = HostMirror(self.table)
+        self.host_table = self._mirror.host
         self.held = np.zeros(num_slots, dtype=np.int64)  # blocks each slot holds: its table's first entries
+        self.num_holders = 0  # slots holding any block
         self._free = list(range(num_blocks - 1, SPARE_BLOCK, -1))  # popped from the end: low blocks first
 
     @property
@@ -51,13 +56,10 @@ class KVBlocks:
             return False
         if missing:
             first = int(self.held[slot])
-            blocks = [self._free.pop() for _ in range(missing)]
-            self.host_table[slot, first : first + missing] = blocks
+            self.num_holders += first == 0
+            self.host_table[slot, first : first + missing] = [self._free.pop() for _ in range(missing)]
             self.held[slot] += missing
-            # Enqueued on the stream like every launch: steps already launched still see the old entries.
-            self.table[slot, first : first + missing] = torch.tensor(blocks, dtype=torch.int32).to(
-                self.table.device, non_blocking=True
-            )
+            self._mirror.mark_changed()
         return True
 
     def release(self, slot: int) -> None:
@@ -68,7 +70,12 @@ class KVBlocks:
         self._free.extend(reversed(self.host_table[slot, :held].tolist()))
         self.host_table[slot, :held] = SPARE_BLOCK
         self.held[slot] = 0
-        self.table[slot, :held].fill_(SPARE_BLOCK)
+        self.num_holders -= 1
+        self._mirror.mark_changed()
+
+    def upload(self) -> None:
+        """The device table as the host's, if it changed (enqueued: steps already launched see the old one)."""
+        self._mirror.upload()
 
     def owned(self, slot: int, num_positions: int) -> list[int]:
         """The pool blocks holding `slot`'s positions `[0, num_positions)` (which it must hold)."""

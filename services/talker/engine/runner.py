@@ -16,6 +16,7 @@ import itertools
 import numpy as np
 import torch
 
+from chorus.talker.engine.host_mirror import HostMirror
 from chorus.talker.engine.kv_blocks import BLOCK_SIZE, SPARE_BLOCK, KVBlocks, blocks_for
 from chorus.talker.engine.prefill import LENGTH_BUCKETS, PaddedPrefill
 from chorus.talker.models.qwen3_tts_talker import Qwen3TTSModel
@@ -53,7 +54,7 @@ def batch_bucket(num_rows: int, max_rows: int) -> int:
 
 class _SlotParams:
     """Each slot's sampling parameters and EOS rule, as one device table per dtype (rows are fields, columns
-    slots), so a prefill batch writes all of them in three uploads and three scatters."""
+    slots), each mirrored on the host, so a prefill batch writes all of them in three uploads."""
 
     def __init__(self, num_slots: int, device: torch.device) -> None:
         self.flags = torch.zeros(2, num_slots, dtype=torch.bool, device=device)
@@ -65,6 +66,7 @@ class _SlotParams:
         self.repetition_penalty = floats[4]
         self.min_frames = longs[4]  # frames before EOS may be sampled
         self.min_frames.fill_(MIN_FRAMES)
+        self.mirrors = [HostMirror(table) for table in (flags, floats, longs)]
 
     @staticmethod
     def columns(samplings: list[SamplingParams], seeds: list[int], ignore_eos: list[bool]) -> tuple[list, list, list]:
@@ -278,15 +280,16 @@ class TalkerRunner:
         self, slots: list[int], samplings: list[SamplingParams], seeds: list[int], ignore_eos: list[bool]
     ) -> None:
         """Per-slot sampling state of the requests about to be prefilled into `slots`."""
-        index = self._upload(slots, torch.long)
         for slot, sampling in zip(slots, samplings, strict=True):
             if sampling.selects_top_k():
                 self._sorting_slots.discard(slot)
             else:
                 self._sorting_slots.add(slot)
         columns = _SlotParams.columns(samplings, seeds, ignore_eos)
-        for table, values in zip((self.params.flags, self.params.floats, self.params.longs), columns, strict=True):
-            table[:, index] = self._upload(values, table.dtype)
+        for mirror, values in zip(self.params.mirrors, columns, strict=True):
+            mirror.host[:, slots] = values
+            mirror.mark_changed()
+            mirror.upload()
 
     def _upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         """`values` as a device tensor, without waiting for the stream: a blocking copy would first wait for the
@@ -482,6 +485,7 @@ class TalkerRunner:
         on a serving process whose event loop is busy each one can wait a switch interval to get it back."""
         num_rows = batch_bucket(max(active_rows) + 1, self.num_slots)
         attended_length = min(self.max_positions, (max_position // self.length_bucket + 1) * self.length_bucket)
+        self.kv_blocks.upload()  # the blocks rows took or gave back since the last launch
         parity = self._launches % 2
         self._launches += 1
         staged = self._staged_inputs[parity]  # free again: the launch that used it two steps ago was collected

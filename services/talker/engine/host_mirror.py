@@ -1,0 +1,45 @@
+"""A small device table written on the host and uploaded whole, in one copy, when the engine next needs it.
+
+The engine thread edits tables such as the KV block table and the per-slot sampling parameters a few entries at a
+time (a request prefilled, grown by a block, finished). Writing each edit to the device is a PyTorch call and a
+copy apiece; on a serving process every such call hands the GIL away and waits to get it back, so edits made
+many times a step cost more host time than the step's launch. Here edits go to a NumPy array, and `upload`
+copies the whole table, when it changed, through a pinned staging buffer: one copy, enqueued on the stream like
+every launch (work already launched still sees the old values), never waiting for the stream.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class HostMirror:
+    def __init__(self, device_table: torch.Tensor) -> None:
+        """`device_table`: the table the device reads; its current values become the host's."""
+        self.device_table = device_table
+        self.host = device_table.cpu().numpy().copy()  # edit this, then `mark_changed`
+        self._changed = False
+        on_cuda = device_table.device.type == "cuda"
+        # Two staging buffers, each reused only once the copy from it ran (its event): filling one while the stream
+        # still copies from it would upload the new values early.
+        self._staging = [torch.empty_like(device_table, device="cpu", pin_memory=on_cuda) for _ in range(2)]
+        self._copied = [torch.cuda.Event() if on_cuda else None for _ in range(2)]
+        self._next = 0
+
+    def mark_changed(self) -> None:
+        self._changed = True
+
+    def upload(self) -> None:
+        """The host values to the device table, if they changed since the last upload."""
+        if not self._changed:
+            return
+        self._changed = False
+        staging, copied = self._staging[self._next], self._copied[self._next]
+        self._next ^= 1
+        if copied is not None:
+            copied.synchronize()  # done long ago in practice: a step ran since
+        np.copyto(staging.numpy(), self.host)
+        self.device_table.copy_(staging, non_blocking=True)
+        if copied is not None:
+            copied.record()
