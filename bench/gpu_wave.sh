@@ -181,9 +181,12 @@ case $stage in
       bench_tts --transport rest --concurrency $1 --requests-per-level $3 --format $2 --label "$label, profile" &
       jobs_of_level=($!)
       sleep "${PROFILE_AFTER_S:-8}"  # past the level's first burst of prefills
-      for process in "serve speech" "serve gateway"; do  # the speech process, and one gateway worker
-        name=profile-${process#serve }-c$1-$2
-        py-spy record --pid "$(pgrep -f "$process" | tail -1)" --duration 10 --rate 200 --nonblocking --threads \
+      # The speech server is the oldest "serve speech" process. Once the newest was another one, with the server's
+      # thread names but every thread idle through a 256-stream level (a process started from the server shares its
+      # command line): its samples said nothing.
+      for pid in "$(pgrep -o -f "serve speech")" "$(pgrep -n -f "serve gateway")"; do  # and one gateway worker
+        name=profile-$(tr '\0' ' ' </proc/$pid/cmdline | grep -o 'serve [a-z]*' | cut -c7-)-c$1-$2
+        py-spy record --pid "$pid" --duration 10 --rate 200 --nonblocking --threads \
           --format raw --output "$logs/$name.txt" >"$logs/$name.log" 2>&1 &
         jobs_of_level+=($!)
       done
