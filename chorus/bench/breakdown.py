@@ -2,9 +2,10 @@
 decodes, how busy each kept its process, and the host CPU of the speech process(es) and the gateway.
 
 The figures are deltas between two snapshots, one just before the level and one just after it: the speech
-services' Prometheus counters (talker steps, step and prefill seconds, frames, prefills; the vocoder's decode
-seconds and batch-size histograms, audio seconds) and each process's CPU time from /proc. So the bench must
-run on the stack's machine; otherwise (a remote gateway or backend) the level says why it has none.
+services' Prometheus counters (talker steps, step and prefill seconds, the prefills' engine-thread CPU seconds,
+frames, prefills; the vocoder's decode seconds and batch-size histograms, audio seconds) and each process's CPU
+time from /proc. So the bench must run on the stack's machine; otherwise (a remote gateway or backend) the level
+says why it has none.
 
 `talker_plus_vocoder_busy_fraction` is the sum of the talker's busy fractions (steps and prefills) and the
 vocoder's. When the two share a GPU it bounds their overlap, it does not measure it: near 1 they may simply
@@ -72,6 +73,7 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
     step_s = delta.get("chorus_talker_step_seconds_total", 0.0)
     prefills = delta.get("chorus_talker_prefills_total", 0.0)
     prefill_s = delta.get("chorus_talker_prefill_seconds_total", 0.0)
+    prefill_cpu_s = delta.get("chorus_talker_prefill_cpu_seconds_total", 0.0)
     batches = delta.get("chorus_vocoder_decode_seconds_count", 0.0)
     decode_s = delta.get("chorus_vocoder_decode_seconds_sum", 0.0)
     chunks = delta.get("chorus_vocoder_batch_size_sum", 0.0)  # one per stream in each batch
@@ -93,6 +95,7 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
         "talker_step_busy_fraction": busy[0],
         "talker_prefills": round(prefills),
         "talker_prefill_ms_per_request": _ratio(prefill_s * 1e3, prefills),
+        "talker_prefill_cpu_ms_per_request": _ratio(prefill_cpu_s * 1e3, prefills),
         "talker_prefill_busy_fraction": busy[1],
         "vocoder_batches": round(batches),
         "vocoder_decode_ms_per_batch": _ratio(decode_s * 1e3, batches),

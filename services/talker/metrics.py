@@ -39,6 +39,12 @@ class TalkerCollector(Collector):
             "Engine-thread time in batched prefills (the GPU runs the decode steps already launched meanwhile).",
             stats.prefill_ms_total / 1e3,
         )
+        yield CounterMetricFamily(
+            "chorus_talker_prefill_cpu_seconds",
+            "The engine thread's CPU time in batched prefills (against chorus_talker_prefill_seconds, the rest it "
+            "waited: for the GIL, or in a blocking call).",
+            stats.prefill_cpu_ms_total / 1e3,
+        )
         yield GaugeMetricFamily("chorus_talker_last_step_seconds", "Latest decode step time.", stats.last_step_ms / 1e3)
         yield GaugeMetricFamily("chorus_talker_batch_size", "Streams in the latest decode step.", stats.last_batch_size)
         yield GaugeMetricFamily("chorus_talker_live_streams", "Streams holding a KV-cache slot.", load.live_streams)

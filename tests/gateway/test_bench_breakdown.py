@@ -49,6 +49,7 @@ def _snapshot(at_s, steps, step_s, frames, prefills, prefill_s, batches, decode_
         "chorus_talker_frames_total": frames,
         "chorus_talker_prefills_total": prefills,
         "chorus_talker_prefill_seconds_total": prefill_s,
+        "chorus_talker_prefill_cpu_seconds_total": prefill_s * 0.6,
         "chorus_vocoder_decode_seconds_count": batches,
         "chorus_vocoder_decode_seconds_sum": decode_s,
         "chorus_vocoder_batch_size_count": batches,
@@ -77,6 +78,7 @@ def test_the_breakdown_of_a_level_is_the_deltas_between_its_snapshots():
         "talker_step_busy_fraction": 0.6,
         "talker_prefills": 40,
         "talker_prefill_ms_per_request": 25.0,
+        "talker_prefill_cpu_ms_per_request": 15.0,
         "talker_prefill_busy_fraction": 0.1,
         "vocoder_batches": 250,
         "vocoder_decode_ms_per_batch": 8.0,
@@ -101,6 +103,7 @@ def test_busy_fractions_are_per_replica_and_an_idle_level_divides_by_nothing():
     assert figures["talker_step_busy_fraction"] == 0.25  # 1 s busy over 2 replicas × 2 s
     assert figures["speech_processes"] == 3
     assert figures["talker_prefill_ms_per_request"] is None and figures["vocoder_decode_ms_per_batch"] is None
+    assert figures["talker_prefill_cpu_ms_per_request"] is None
     assert figures["gateway_cpu_ms_per_chunk"] is None
     assert figures["talker_plus_vocoder_busy_fraction"] == 0.25
     assert "share a process" in figures["note"]

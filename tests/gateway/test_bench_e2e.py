@@ -89,6 +89,7 @@ async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, r
         assert steps["talker_processes"] == steps["vocoder_processes"] == steps["gateway_processes"] == 1, steps
         assert steps["talker_steps"] >= 9 and 1 <= steps["talker_mean_batch_size"] <= 2
         assert steps["talker_prefills"] == 3 and steps["talker_prefill_ms_per_request"] > 0
+        assert 0 < steps["talker_prefill_cpu_ms_per_request"] <= steps["talker_prefill_ms_per_request"] + 0.1
         assert steps["vocoder_audio_s"] == pytest.approx(level["audio_s"]) and steps["vocoder_mean_batch_size"] >= 1
         assert steps["talker_plus_vocoder_busy_fraction"] > 0 and steps["speech_cpu_ms_per_talker_step"] > 0
         assert steps["gateway_cpu_ms_per_chunk"] > 0 and steps["gateway_cpu_ms_per_audio_s"] > 0

@@ -90,6 +90,7 @@ class EngineStats:
     step_ms_total: float = 0.0
     prefills: int = 0  # requests prefilled
     prefill_ms_total: float = 0.0  # engine-thread time in batched prefills (the GPU runs launched steps meanwhile)
+    prefill_cpu_ms_total: float = 0.0  # the thread's CPU time in them: the rest it waited (the GIL, a blocking call)
     preemptions: int = 0  # requests taken off their slot for lack of KV blocks (each resumed later)
 
 
@@ -365,9 +366,10 @@ class TalkerEngine:
             launched = self._launch(decode, texts)
         launch_ms = (time.perf_counter() - started) * 1000
         if plan.prefill:
-            prefill_started = time.perf_counter()
+            prefill_started, prefill_cpu_started = time.perf_counter(), time.thread_time()
             self.stats.prefills += self._prefill(plan.prefill)
             self.stats.prefill_ms_total += (time.perf_counter() - prefill_started) * 1000
+            self.stats.prefill_cpu_ms_total += (time.thread_time() - prefill_cpu_started) * 1000
         # Read the previous step while the GPU runs this one. (Set only now: a failing prefill leaves the previous
         # step in flight for _fail_running, and this step's requests are all running.)
         collect_started = time.perf_counter()
