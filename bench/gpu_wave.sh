@@ -27,8 +27,9 @@
 #              one archive long-*.tgz
 #   profile    the speech stack at 64 (pcm, mp3) and 256 (pcm), REST, ~20 s a level (PROFILE_LEVELS), with 10 s of
 #              py-spy (needs `../shared/tools/device-wheels.sh py-spy`) on the speech process and one gateway worker
-#              mid-level: profiles-*.tgz holds py-spy's raw stacks per thread, profile-*.txt (a failed attach says why
-#              in profile-*.log)
+#              mid-level, and on the speech process's GIL holder (`--gil`): profiles-*.tgz holds py-spy's raw stacks
+#              per thread, profile-*.txt (a failed attach says why in profile-*.log); `python
+#              bench/pyspy_threads.py FILE…` sums them per thread
 #   diffusion  the whole stack (`chorus up`), `chorus bench diffusion` at 1, 4, 8
 #   peers      faster-qwen3-tts and faster-qwen3-tts-batch in their own site, and our talker engine, on one random
 #              0.6B Base checkpoint in the official layout, x-vector voice clones of 125 frames (the peers' times
@@ -181,12 +182,14 @@ case $stage in
       bench_tts --transport rest --concurrency $1 --requests-per-level $3 --format $2 --label "$label, profile" &
       jobs_of_level=($!)
       sleep "${PROFILE_AFTER_S:-8}"  # past the level's first burst of prefills
-      # The speech server is the oldest "serve speech" process. Once the newest was another one, with the server's
-      # thread names but every thread idle through a 256-stream level (a process started from the server shares its
-      # command line): its samples said nothing.
-      for pid in "$(pgrep -o -f "serve speech")" "$(pgrep -n -f "serve gateway")"; do  # and one gateway worker
-        name=profile-$(tr '\0' ' ' </proc/$pid/cmdline | grep -o 'serve [a-z]*' | cut -c7-)-c$1-$2
-        py-spy record --pid "$pid" --duration 10 --rate 200 --nonblocking --threads \
+      # Three samplings: the speech process's running threads, one gateway worker's, and which thread of the speech
+      # process holds the GIL. The speech server is the oldest "serve speech" process: once the newest was another
+      # one, with the server's thread names and every thread idle through a 256-stream level.
+      speech=$(pgrep -o -f "serve speech")
+      for sampling in "$speech speech" "$(pgrep -n -f "serve gateway") gateway" "$speech speech-gil --gil"; do
+        set -- $level $sampling  # concurrency, format, requests, pid, name, py-spy option
+        name=profile-$5-c$1-$2
+        py-spy record --pid "$4" --duration 10 --rate 200 --nonblocking --threads ${6:-} \
           --format raw --output "$logs/$name.txt" >"$logs/$name.log" 2>&1 &
         jobs_of_level+=($!)
       done
