@@ -37,12 +37,16 @@ class KVBlocks:
         self._mirror = HostMirror(self.table)
         self.host_table = self._mirror.host
         self.held = np.zeros(num_slots, dtype=np.int64)  # blocks each slot holds: its table's first entries
-        self.num_holders = 0  # slots holding any block
         self._free = list(range(num_blocks - 1, SPARE_BLOCK, -1))  # popped from the end: low blocks first
 
     @property
     def num_free(self) -> int:
         return len(self._free)
+
+    @property
+    def num_holders(self) -> int:
+        """Slots holding any block."""
+        return int(np.count_nonzero(self.held))
 
     def missing(self, slot: int, num_positions: int) -> int:
         """Blocks `slot` still needs to hold positions `[0, num_positions)`."""
@@ -56,7 +60,6 @@ class KVBlocks:
             return False
         if missing:
             first = int(self.held[slot])
-            self.num_holders += first == 0
             self.host_table[slot, first : first + missing] = [self._free.pop() for _ in range(missing)]
             self.held[slot] += missing
             self._mirror.mark_changed()
@@ -70,7 +73,6 @@ class KVBlocks:
         self._free.extend(reversed(self.host_table[slot, :held].tolist()))
         self.host_table[slot, :held] = SPARE_BLOCK
         self.held[slot] = 0
-        self.num_holders -= 1
         self._mirror.mark_changed()
 
     def upload(self) -> None:
