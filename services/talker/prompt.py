@@ -14,12 +14,18 @@ Layouts (spec §2.3): the head is `[instruct?] + role (3 text ids) + [PAD + K_i 
 A request resumed after frames it already produced (fail-over to another replica) appends one position per such
 frame, exactly what the decode step of frame i fed the talker: `E(frame i) + T(trailing text id i)`. Its trailing
 text stays indexed by frame, so generation goes on with id N.
+
+Positions are rows of a NumPy array, one column per part, built a block of positions at a time: the engine thread
+builds and embeds every new request's prompt, and a Python object per position cost more host time there than
+the prefill forward's launch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 
+import numpy as np
 import torch
 
 from chorus.talker.models.qwen3_tts_config import Qwen3TTSConfig
@@ -32,13 +38,26 @@ class PromptError(ValueError):
     """A synthesis request that cannot be turned into a prompt; the message names the field and valid values."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Position:
-    text_id: int | None = None
-    codec_id: int | None = None
-    speaker: bool = False
-    ref_frame: int | None = None
-    prefix_frame: int | None = None  # index into `VoiceRequest.prefix_frames`
+class Part(enum.IntEnum):
+    """A prompt's columns: what a position sums. `NONE` where a position lacks that part."""
+
+    TEXT_ID = 0
+    CODEC_ID = 1
+    SPEAKER = 2  # 1: the request's speaker vector
+    REF_FRAME = 3  # index into `VoiceRequest.ref_codes`
+    PREFIX_FRAME = 4  # index into `VoiceRequest.prefix_frames`
+
+
+NONE = -1
+
+
+def positions(count: int, **parts) -> np.ndarray:
+    """`count` positions `[count, len(Part)]`, each part (`text_id=`, `codec_id=`, … by `Part` name) one value for
+    all of them or one per position; parts not given are `NONE`."""
+    block = np.full((count, len(Part)), NONE, dtype=np.int64)
+    for name, values in parts.items():
+        block[:, Part[name.upper()]] = values
+    return block
 
 
 @dataclasses.dataclass(eq=False)
@@ -75,9 +94,13 @@ class VoiceRequest:
 
 @dataclasses.dataclass
 class Prompt:
-    positions: list[Position]
+    positions: np.ndarray  # [num_positions, len(Part)]
     trailing_text_ids: list[int]  # id i goes with frame i (a resumed prompt's prefix frames took the first N)
     streams_text: bool  # target text still arriving: its ids append to the trailing text, then EOS
+
+    @property
+    def num_positions(self) -> int:
+        return len(self.positions)
 
     def text_id_for(self, frame: int, pad_id: int) -> int | None:
         """Text id the decode step of `frame` adds; `None` while the text it needs has not arrived yet."""
@@ -142,104 +165,105 @@ def build_prompt(config: Qwen3TTSConfig, request: VoiceRequest) -> Prompt:
     """The prompt of a validated request whose text suffices (all of it, or for streaming text one token plus one
     per prefix frame)."""
     prompt = _fresh_prompt(config, request)
-    for index in range(request.num_prefix_frames):
-        text_id = prompt.text_id_for(index, config.text_ids.tts_pad)
-        assert text_id is not None, "the engine waits for the prefix frames' text"
-        prompt.positions.append(Position(text_id=text_id, prefix_frame=index))
+    if request.num_prefix_frames:
+        pad_id = config.text_ids.tts_pad
+        text_ids = [prompt.text_id_for(index, pad_id) for index in range(request.num_prefix_frames)]
+        assert None not in text_ids, "the engine waits for the prefix frames' text"
+        prefix = positions(len(text_ids), text_id=text_ids, prefix_frame=np.arange(len(text_ids)))
+        prompt.positions = np.concatenate((prompt.positions, prefix))
     return prompt
 
 
 def _fresh_prompt(config: Qwen3TTSConfig, request: VoiceRequest) -> Prompt:
     ids, text = config.codec_ids, config.text_ids
-    positions: list[Position] = []
     instruct = request.instruct_ids if not (request.mode == "custom_voice" and config.model_size == "0b6") else None
-    positions += [Position(text_id=token) for token in instruct or ()]
-    positions += [Position(text_id=token) for token in request.role_ids]
-    codec_slots: list[Position] = [Position(codec_id=codec) for codec in _language_tag(config, request)]
+    codec_slots = _language_tag(config, request)
+    speaker_slot = len(codec_slots)
     if request.mode == "custom_voice":
-        codec_slots.append(Position(codec_id=config.speaker_ids[request.speaker.lower()]))
+        codec_slots.append(config.speaker_ids[request.speaker.lower()])
     elif request.mode == "voice_clone":
-        codec_slots.append(Position(speaker=True))
-    codec_slots.append(Position(codec_id=ids.pad))
-    for index, slot in enumerate(codec_slots):
-        text_id = text.tts_bos if index == len(codec_slots) - 1 else text.tts_pad
-        positions.append(dataclasses.replace(slot, text_id=text_id))
+        codec_slots.append(NONE)  # the speaker vector's place
+    codec_slots.append(ids.pad)
+    slots = positions(len(codec_slots), text_id=text.tts_pad, codec_id=codec_slots)
+    slots[-1, Part.TEXT_ID] = text.tts_bos
+    if request.mode == "voice_clone":
+        slots[speaker_slot, Part.SPEAKER] = 1
+    head = [positions(len(instruct or ()), text_id=instruct or ()), positions(3, text_id=request.role_ids), slots]
 
     target = list(request.text_ids)
     if request.icl:
-        return _icl_prompt(config, request, positions, target)
+        return _icl_prompt(config, request, head, target)
     if request.non_streaming_text:
-        positions += [Position(text_id=token, codec_id=ids.pad) for token in target]
-        positions.append(Position(text_id=text.tts_eos, codec_id=ids.pad))
-        positions.append(Position(text_id=text.tts_pad, codec_id=ids.bos))
-        return Prompt(positions, [], streams_text=False)
-    positions.append(Position(text_id=target[0], codec_id=ids.bos))
+        body = [
+            positions(len(target), text_id=target, codec_id=ids.pad),
+            positions(1, text_id=text.tts_eos, codec_id=ids.pad),
+            positions(1, text_id=text.tts_pad, codec_id=ids.bos),
+        ]
+        return Prompt(np.concatenate(head + body), [], streams_text=False)
+    body = [positions(1, text_id=target[0], codec_id=ids.bos)]
     trailing = target[1:] + ([text.tts_eos] if request.text_complete else [])
-    return Prompt(positions, trailing, streams_text=not request.text_complete)
+    return Prompt(np.concatenate(head + body), trailing, streams_text=not request.text_complete)
 
 
-def _icl_prompt(config: Qwen3TTSConfig, request: VoiceRequest, head: list[Position], target: list[int]) -> Prompt:
+def _icl_prompt(config: Qwen3TTSConfig, request: VoiceRequest, head: list[np.ndarray], target: list[int]) -> Prompt:
     ids, text = config.codec_ids, config.text_ids
     text_track = list(request.ref_text_ids) + target + [text.tts_eos]
-    codec_track = [Position(codec_id=ids.bos)] + [Position(ref_frame=i) for i in range(request.ref_codes.shape[0])]
+    num_ref_frames = request.ref_codes.shape[0]
+    codec_track = positions(1 + num_ref_frames, codec_id=[ids.bos] + [NONE] * num_ref_frames)
+    codec_track[1:, Part.REF_FRAME] = np.arange(num_ref_frames)
     if request.non_streaming_text:
-        block = [Position(text_id=token, codec_id=ids.pad) for token in text_track]
-        block += [dataclasses.replace(slot, text_id=text.tts_pad) for slot in codec_track]
-        return Prompt(head + block, [], streams_text=False)
+        codec_track[:, Part.TEXT_ID] = text.tts_pad
+        block = [positions(len(text_track), text_id=text_track, codec_id=ids.pad), codec_track]
+        return Prompt(np.concatenate(head + block), [], streams_text=False)
     overlap = min(len(text_track), len(codec_track))
-    block = [dataclasses.replace(codec_track[i], text_id=text_track[i]) for i in range(overlap)]
-    block += [dataclasses.replace(slot, text_id=text.tts_pad) for slot in codec_track[overlap:]]
-    return Prompt(head + block, text_track[len(codec_track) :], streams_text=False)
+    codec_track[:overlap, Part.TEXT_ID] = text_track[:overlap]
+    codec_track[overlap:, Part.TEXT_ID] = text.tts_pad
+    return Prompt(np.concatenate([*head, codec_track]), text_track[len(codec_track) :], streams_text=False)
 
 
 def embed_prompts(talker, prompts: list[Prompt], requests: list[VoiceRequest]) -> tuple[torch.Tensor, list[int]]:
     """Prefill input `[B, L, H]` of a batch of prompts through the talker's embeddings (`talker`:
     `Qwen3TTSTalker`), right-padded with zeros to the longest, and each prompt's length.
 
-    One embedding call per kind of position for the whole batch, not per prompt: each call from the host is a few
+    One embedding call per kind of part for the whole batch, not per prompt: each call from the host is a few
     launches and a copy, which under load cost more than the prefill forward itself. Each position's parts are
     summed in the same order as the reference (text, codec, frame, speaker); a prefix frame's position sums what the
     decode step that produced it summed (frame and text)."""
     weight = talker.model.codec_embedding.weight
     device, dtype = weight.device, weight.dtype
-    lengths = [len(prompt.positions) for prompt in prompts]
+    lengths = [prompt.num_positions for prompt in prompts]
     longest = max(lengths)
-    text_at, text_ids, codec_at, codec_ids, frame_at, frames, speaker_at, speakers = [], [], [], [], [], [], [], []
-    for row, (prompt, request) in enumerate(zip(prompts, requests, strict=True)):
-        ref_frames, prefix_at, prefix_frames = [], [], []
-        for index, position in enumerate(prompt.positions, start=row * longest):
-            if position.text_id is not None:
-                text_at.append(index)
-                text_ids.append(position.text_id)
-            if position.codec_id is not None:
-                codec_at.append(index)
-                codec_ids.append(position.codec_id)
-            if position.ref_frame is not None:
-                frame_at.append(index)
-                ref_frames.append(position.ref_frame)
-            if position.prefix_frame is not None:
-                prefix_at.append(index)
-                prefix_frames.append(position.prefix_frame)
-            if position.speaker:
-                speaker_at.append(index)
-                speakers.append(request.speaker_vector.to(device=device, dtype=dtype))
-        if ref_frames:
-            frames.append(request.ref_codes[ref_frames])
-        if prefix_frames:
-            frame_at += prefix_at
-            frames.append(request.prefix_frames[prefix_frames])
-    ids = torch.tensor(text_at + text_ids + codec_at + codec_ids + frame_at + speaker_at).to(device, non_blocking=True)
-    text_at_t, text_ids_t, codec_at_t, codec_ids_t, frame_at_t, speaker_at_t = ids.split(
-        [len(text_at), len(text_ids), len(codec_at), len(codec_ids), len(frame_at), len(speaker_at)]
-    )
+    batch = np.full((len(prompts), longest, len(Part)), NONE, dtype=np.int64)
+    for row, prompt in enumerate(prompts):
+        batch[row, : lengths[row]] = prompt.positions
+    flat = batch.reshape(-1, len(Part))  # position `row * longest + i`: row's position i
+    text_at = np.flatnonzero(flat[:, Part.TEXT_ID] != NONE)
+    codec_at = np.flatnonzero(flat[:, Part.CODEC_ID] != NONE)
+    frame_at, frames, speaker_at, speakers = [], [], [], []
+    for row in np.flatnonzero((batch[..., Part.REF_FRAME :] != NONE).any(axis=(1, 2))):  # rows with frames
+        prompt, request = prompts[row], requests[row]
+        for part, codes in ((Part.REF_FRAME, request.ref_codes), (Part.PREFIX_FRAME, request.prefix_frames)):
+            at = np.flatnonzero(prompt.positions[:, part] != NONE)
+            if len(at):  # ref frames come before prefix frames in a prompt: `frame_at` stays in position order
+                frame_at.append(row * longest + at)
+                frames.append(codes[torch.from_numpy(prompt.positions[at, part])])
+    for row in np.flatnonzero((batch[..., Part.SPEAKER] != NONE).any(axis=1)):
+        at = np.flatnonzero(prompts[row].positions[:, Part.SPEAKER] != NONE)
+        speaker_at.append(row * longest + at)
+        speakers += [requests[row].speaker_vector.to(device=device, dtype=dtype)] * len(at)
+    frame_at = np.concatenate(frame_at) if frame_at else np.zeros(0, dtype=np.int64)
+    speaker_at = np.concatenate(speaker_at) if speaker_at else np.zeros(0, dtype=np.int64)
+    parts = (text_at, flat[text_at, Part.TEXT_ID], codec_at, flat[codec_at, Part.CODEC_ID], frame_at, speaker_at)
+    ids = torch.from_numpy(np.concatenate(parts)).to(device, non_blocking=True)
+    text_at_t, text_ids_t, codec_at_t, codec_ids_t, frame_at_t, speaker_at_t = ids.split([len(p) for p in parts])
     embeds = torch.zeros(len(prompts) * longest, weight.shape[1], device=device, dtype=dtype)
-    if text_at:
+    if len(text_at):
         embeds.index_add_(0, text_at_t, talker.embed_text(text_ids_t))
-    if codec_at:
+    if len(codec_at):
         embeds.index_add_(0, codec_at_t, talker.embed_codec(codec_ids_t))
-    if frame_at:
+    if len(frame_at):
         codes = torch.cat(frames).to(device=device, dtype=torch.long)
         embeds.index_add_(0, frame_at_t, talker.embed_frame(codes))
-    if speaker_at:
+    if len(speaker_at):
         embeds.index_add_(0, speaker_at_t, torch.stack(speakers))
     return embeds.view(len(prompts), longest, -1), lengths

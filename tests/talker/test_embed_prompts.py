@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 
-from chorus.talker.prompt import VoiceRequest, build_prompt, embed_prompts
+from chorus.talker.prompt import NONE, Part, VoiceRequest, build_prompt, embed_prompts
 
 ROLE = [151644, 77091, 198]
 
@@ -31,11 +32,11 @@ def test_a_batch_embeds_like_its_prompts_alone(tiny_loaded):
     talker = tiny_loaded.model.talker
     voices = _voices(tiny_loaded.config.talker.hidden_size)
     prompts = [build_prompt(tiny_loaded.config, voice) for voice in voices]
-    assert voices[2].icl and any(p.ref_frame is not None for p in prompts[2].positions)
+    assert voices[2].icl and (prompts[2].positions[:, Part.REF_FRAME] != NONE).any()
     with torch.inference_mode():
         batch, lengths = embed_prompts(talker, prompts, voices)
         alone = [embed_prompts(talker, [prompt], [voice]) for prompt, voice in zip(prompts, voices, strict=True)]
-    assert lengths == [len(prompt.positions) for prompt in prompts]
+    assert lengths == [prompt.num_positions for prompt in prompts]
     assert batch.shape[:2] == (len(prompts), max(lengths))
     for row, (embeds, (length,)) in enumerate(alone):
         assert embeds.shape[:2] == (1, length)
@@ -49,11 +50,13 @@ def test_prefix_frames_take_the_positions_their_decode_steps_fed(tiny_loaded):
     fresh = VoiceRequest("custom_voice", ROLE, [11, 12, 13], speaker="ryan")  # streaming layout: trailing 12, 13, EOS
     resumed = VoiceRequest("custom_voice", ROLE, [11, 12, 13], speaker="ryan", prefix_frames=frames)
     fresh_prompt, prompt = build_prompt(config, fresh), build_prompt(config, resumed)
-    head = len(fresh_prompt.positions)
-    assert prompt.positions[:head] == fresh_prompt.positions
+    head = fresh_prompt.num_positions
+    np.testing.assert_array_equal(prompt.positions[:head], fresh_prompt.positions)
     assert prompt.trailing_text_ids == fresh_prompt.trailing_text_ids, "still indexed by frame"
     text_ids = [12, 13, config.text_ids.tts_eos, config.text_ids.tts_pad, config.text_ids.tts_pad]
-    assert [(p.text_id, p.prefix_frame) for p in prompt.positions[head:]] == list(zip(text_ids, range(5), strict=True))
+    prefix = prompt.positions[head:]
+    assert prefix[:, Part.TEXT_ID].tolist() == text_ids and prefix[:, Part.PREFIX_FRAME].tolist() == list(range(5))
+    assert (prefix[:, [Part.CODEC_ID, Part.SPEAKER, Part.REF_FRAME]] == NONE).all(), "frame and text only"
     with torch.inference_mode():
         embeds, (length,) = embed_prompts(talker, [prompt], [resumed])
         decode_inputs = talker.embed_frame(frames) + talker.embed_text(torch.tensor(text_ids))

@@ -231,7 +231,7 @@ class TalkerEngine:
             raise PromptError(f"prefix_frames: {num_prefix_frames} frames exceed max_frames ({max_frames})")
         if num_prefix_frames and voice.text_complete:  # else known once the text arrived (checked at prefill)
             prompt = build_prompt(self.model_config, voice)
-            self._check_positions(len(prompt.positions) - num_prefix_frames, num_prefix_frames)
+            self._check_positions(prompt.num_positions - num_prefix_frames, num_prefix_frames)
         if num_prefix_frames and sampling.seed is None and (sampling.do_sample or sampling.subtalker_do_sample):
             raise PromptError("seed: resuming a sampled request (prefix_frames) needs the seed it started with")
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
@@ -449,7 +449,7 @@ class TalkerEngine:
                 if voice.mode == "voice_clone" and voice.speaker_vector is None:
                     voice.speaker_vector = self.runner.speaker_vector(voice.ref_audio)
                 request.prompt = build_prompt(self.model_config, voice)
-                request.num_prompt_positions = len(request.prompt.positions) - voice.num_prefix_frames
+                request.num_prompt_positions = request.prompt.num_positions - voice.num_prefix_frames
                 self._check_positions(request.num_prompt_positions, voice.num_prefix_frames)
                 ready.append(request)
             except PromptError as error:
@@ -457,7 +457,7 @@ class TalkerEngine:
         ready = [request for request in ready if self._reserve_prompt_blocks(request)]
         # Prompts that fit the largest padded bucket share one forward; a longer one (a request resumed deep into its
         # audio) runs alone, so the others are not padded to its length.
-        short = [request for request in ready if len(request.prompt.positions) <= LENGTH_BUCKETS[-1]]
+        short = [request for request in ready if request.prompt.num_positions <= LENGTH_BUCKETS[-1]]
         for batch in ([short] if short else []) + [[request] for request in ready if request not in short]:
             self._prefill_batch(batch)
         # A resumed request's prefill sampled what the decode step of its last prefix frame sampled: the same stop
@@ -488,7 +488,7 @@ class TalkerEngine:
     def _reserve_prompt_blocks(self, request: TalkerRequest) -> bool:
         """The KV blocks of a request's prompt, or back to the queue's head, its size noted, if the pool lacks
         them (a prompt longer than the last built, or grown by streaming text)."""
-        num_positions = len(request.prompt.positions)
+        num_positions = request.prompt.num_positions
         request.prompt_blocks = blocks_for(num_positions)
         if self._has_room(request) and self.kv_blocks.grow(request.slot, num_positions):
             return True
