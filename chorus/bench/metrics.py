@@ -21,11 +21,15 @@ class RequestTiming:
     # (arrival time, seconds of audio in that piece) for every non-empty piece, in order
     arrivals: list[tuple[float, float]] = dataclasses.field(default_factory=list)
     error: str | None = None
+    error_message: str | None = None  # what the stack answered with the error, to tell why
     request_id: str | None = None  # the gateway's, to read the request's record after the level
 
     @property
     def audio_s(self) -> float:
         return sum(duration for _, duration in self.arrivals)
+
+
+ERROR_EXAMPLES = 3  # per kind of error and level
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -62,13 +66,18 @@ def summarize(timings: list[RequestTiming], wall_s: float) -> dict:
     rtf = [(t.finished_at - t.sent_at) / t.audio_s for t in done if t.audio_s > 0]
     underruns = [count_underruns(t.arrivals) for t in done]
     errors: dict[str, int] = {}
+    error_examples: dict[str, list[dict]] = {}  # the first few of each kind: a count alone does not say why
     for timing in timings:
         if timing.error is not None:
             errors[timing.error] = errors.get(timing.error, 0) + 1
+            examples = error_examples.setdefault(timing.error, [])
+            if len(examples) < ERROR_EXAMPLES:
+                examples.append({"request_id": timing.request_id, "message": timing.error_message})
     return {
         "requests": len(timings),
         "completed": len(done),
         "errors": errors,
+        "error_examples": error_examples,
         "ttfp_ms": {f"p{q}": _rounded(percentile(ttfp_ms, q)) for q in (50, 90, 95, 99)},
         "latency_ms": {f"p{q}": _rounded(percentile(latency_ms, q)) for q in (50, 90, 99)},
         "rtf": {f"p{q}": _rounded(percentile(rtf, q), 4) for q in (50, 99)},

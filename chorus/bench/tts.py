@@ -9,9 +9,11 @@ of it is credited the packets it made playable; TTFP and the simulated player st
 not at a container header. Encoded responses are read after their level ends: one client process standing in for
 many, it would otherwise spend the level's time demuxing, and send each next request late (at 64 streams on an
 H100 host, a request's turn in an mp3 or opus level lasted ~200 ms longer than its latency, in pcm ~20 ms).
-Each level's `ttfp_stages` splits the TTFP of a sample of its requests at the stages their runs marked
-(`chorus.bench.ttfp`), and `client_cpu_s_per_s` is this process's CPU time over the level's wall time (on an H100
-host, 0.24 at 256 gRPC streams and 0.10 over REST: one client process keeps up)."""
+Failed requests are counted by kind (`errors`: the HTTP status or gRPC code), and the first few of each kind keep
+their request id and the stack's message (`error_examples`). Each level's `ttfp_stages` splits the TTFP of a sample
+of its requests at the stages their runs marked (`chorus.bench.ttfp`), and `client_cpu_s_per_s` is this process's
+CPU time over the level's wall time (on an H100 host, 0.24 at 256 gRPC streams and 0.10 over REST: one client
+process keeps up)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import bisect
 import contextlib
 import io
 import itertools
+import json
 import time
 from collections.abc import Callable
 
@@ -38,6 +41,7 @@ from chorus.v1 import gateway_pb2, gateway_pb2_grpc
 
 SAMPLE_RATE_HZ = 24_000
 BYTES_PER_SECOND = 2 * SAMPLE_RATE_HZ  # pcm: 16-bit mono
+ERROR_MESSAGE_CHARS = 300  # of an error's message kept in the results
 
 
 def speech_body(
@@ -64,9 +68,10 @@ class Response:
             if self.response_format != "pcm":
                 self.encoded += data
 
-    def finish(self, error: str | None = None) -> Response:
+    def finish(self, error: str | None = None, message: str | None = None) -> Response:
         self.timing.finished_at = time.perf_counter()
         self.timing.error = error
+        self.timing.error_message = message[:ERROR_MESSAGE_CHARS] if message else None
         return self
 
     def timed(self) -> RequestTiming:
@@ -107,13 +112,20 @@ async def rest_request(session: aiohttp.ClientSession, body: dict) -> Response:
         async with session.post("/v1/audio/speech", json=body) as reply:
             response.timing.request_id = reply.headers.get("X-Request-Id")
             if reply.status != 200:
-                await reply.read()
-                return response.finish(f"HTTP {reply.status}")
+                return response.finish(f"HTTP {reply.status}", error_message(await reply.read()))
             async for data in reply.content.iter_any():
                 response.arrived(data)
     except (aiohttp.ClientError, TimeoutError) as exc:
-        return response.finish(type(exc).__name__)
+        return response.finish(type(exc).__name__, str(exc))
     return response.finish()
+
+
+def error_message(body: bytes) -> str:
+    """The message of an OpenAI error envelope (`{"error": {"message": …}}`), else the body as text."""
+    try:
+        return json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return body.decode(errors="replace")
 
 
 async def grpc_request(stub: gateway_pb2_grpc.ChorusStub, body: dict, metadata) -> Response:
@@ -130,7 +142,7 @@ async def grpc_request(stub: gateway_pb2_grpc.ChorusStub, body: dict, metadata) 
             elif output.HasField("request_id"):
                 response.timing.request_id = output.request_id
     except grpc.aio.AioRpcError as exc:
-        return response.finish(exc.code().name)
+        return response.finish(exc.code().name, exc.details())
     return response.finish()
 
 

@@ -110,6 +110,25 @@ async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, r
     assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+async def test_bench_tts_keeps_what_the_stack_said_of_failed_requests(start_gateway, redis_url, tmp_path):
+    """A count of errors does not say why: each kind keeps its first requests' ids and messages."""
+    async with speech_stack(start_gateway, redis_url, str(tmp_path)) as (_, http, target, _, _):
+        args = _args([
+            "bench", "tts", "--url", str(http.base_url), "--grpc-target", target, "--concurrency", "2",
+            "--requests-per-level", "4", "--fixed-frames", "9", "--prompts", "short", "--voice", "nobody",
+        ])  # fmt: skip
+        levels = await tts.run(args, _Quiet())
+    rest, grpc_level = levels
+    assert rest["errors"] == {"HTTP 404": 4} and grpc_level["errors"] == {"NOT_FOUND": 4}, levels
+    for level in levels:
+        assert level["completed"] == 0
+        (examples,) = level["error_examples"].values()
+        assert len(examples) == 3, "the first few of a kind"
+        assert all("nobody" in example["message"] for example in examples), examples
+    # Refused before it became a request (its voice unknown), none got a request id.
+    assert all(example["request_id"] is None for example in rest["error_examples"]["HTTP 404"])
+
+
 @pytest.mark.parametrize("response_format", ["mp3", "opus"])
 async def test_bench_tts_times_encoded_formats_by_their_duration(start_gateway, redis_url, tmp_path, response_format):
     async with speech_stack(start_gateway, redis_url, str(tmp_path)) as (_, http, target, _, _):
