@@ -80,7 +80,11 @@ class GatewayConfig(ServiceConfig):
         "share, rounded up; the --workers of one replica share its share). Set it to the number of gateway "
         "replicas in front of the same backends, or they admit that many times what the backends serve.",
     )
-    max_queued: int = option(64, "Requests that may wait for a backend slot, per backend (429 beyond it).")
+    max_queued: int = option(
+        -1,
+        "Requests that may wait for a backend slot, per backend (429 beyond it); -1: as many as the backend's "
+        "limit, so that clients keeping at most the limit in flight are never refused for a full queue.",
+    )
     queue_timeout_s: float = option(10.0, "Longest wait for a backend slot before 429.")
     speech_segment_chars: int = option(
         300, "Long speech input is split at sentence boundaries into segments of about this many characters."

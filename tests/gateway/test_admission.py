@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from chorus.gateway.admission import Admission, BackendAdmission
+from chorus.gateway.admission import FOLLOW_LIMIT, Admission, BackendAdmission
 from chorus.runtime.errors import Overloaded
 
 
@@ -154,6 +154,28 @@ async def test_under_a_lower_limit_running_requests_finish_and_waiters_wait_for_
         admission.resize(0)
 
 
+async def test_by_default_the_queue_holds_as_many_as_the_limit_and_follows_it():
+    """Clients keeping at most the limit in flight are never refused for a full queue: as many may wait as run."""
+    admission = BackendAdmission("talker", max_in_flight=2, max_queued=FOLLOW_LIMIT, queue_timeout_s=5)
+    for _ in range(2):
+        await admission.acquire()
+    waiters = [asyncio.create_task(admission.acquire()) for _ in range(2)]
+    await settle()
+    assert admission.queue_depth == 2
+    with pytest.raises(Overloaded):
+        await admission.acquire()
+    admission.resize(3)  # one waiter runs; the queue may now hold three
+    await asyncio.wait_for(waiters[0], timeout=1)
+    more = [asyncio.create_task(admission.acquire()) for _ in range(2)]
+    await settle()
+    assert admission.queue_depth == 3 and not any(task.done() for task in more)
+    with pytest.raises(Overloaded):
+        await admission.acquire()
+    for task in [waiters[1], *more]:
+        task.cancel()
+    await asyncio.gather(waiters[1], *more, return_exceptions=True)
+
+
 async def test_request_enters_every_backend_it_needs():
     admission = Admission(
         {
@@ -172,3 +194,5 @@ async def test_request_enters_every_backend_it_needs():
 def test_bad_limits_name_the_field():
     with pytest.raises(ValueError, match="max_in_flight"):
         BackendAdmission("talker", max_in_flight=0, max_queued=1, queue_timeout_s=1)
+    with pytest.raises(ValueError, match="max_queued"):
+        BackendAdmission("talker", max_in_flight=1, max_queued=-2, queue_timeout_s=1)
