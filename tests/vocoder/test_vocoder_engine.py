@@ -293,33 +293,3 @@ async def test_streams_well_ahead_of_their_listeners_share_a_sweep(tiny_codec):
             second.close()
         finally:
             await engine.stop()
-
-
-async def test_the_stream_with_the_least_audio_left_is_decoded_first(tiny_codec):
-    """Pieces pending together go in the order their listeners need them: a newcomer's first chunk (no audio yet)
-    before a stream with about a second of audio ahead, and that one before a stream with two. Planned in the order
-    the streams were opened, the newcomer's would have waited for both others' batches."""
-    codes = random_codes(40, seed=5, batch_size=3)
-    reports: list[BatchReport] = []
-    settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=0.0)
-    engine = DecodeEngine(CodecRunner(tiny_codec.decoder, max_streams=4), settings, on_batch=reports.append)
-    await engine.start()
-    try:
-        two_s, one_s = engine.open_stream("two seconds ahead"), engine.open_stream("one second ahead")
-        for stream, num_frames in ((two_s, 25), (one_s, 13)):
-            await stream.send(codes[0, :num_frames].numpy())
-            while stream.num_frames_decoded < num_frames:
-                await anext(stream)
-        newcomer = engine.open_stream("newcomer")
-        reports.clear()
-        # Sent without yielding to the engine: its next plan sees all three.
-        await two_s.send(codes[1, :4].numpy())
-        await one_s.send(codes[1, 4:12].numpy())
-        await newcomer.send(codes[2, :1].numpy())
-        for stream in (newcomer, one_s, two_s):
-            await anext(stream)
-        assert [(report.batch_size, report.num_frames) for report in reports] == [(1, 1), (1, 8), (1, 4)]
-        for stream in (two_s, one_s, newcomer):
-            stream.close()
-    finally:
-        await engine.stop()

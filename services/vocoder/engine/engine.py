@@ -1,10 +1,9 @@
 """The vocoder engine: many decode streams, their chunk decodes batched into one forward on a runner thread.
 
-The asyncio side only enqueues and consumes: `DecodeStream.send` queues frames, the engine task decodes one batch
-at a time (after a short window when it was idle): the pending pieces of equal length of the streams whose listeners
-are closest to running dry, a newcomer's first chunk first (chunks of streams well ahead of their listeners wait for
-a sweep that decodes them together). It runs each batch off the event loop and hands the audio to each stream's
-bounded output. A stream's decoder state is freed as soon as it finishes, is closed (cancelled)
+The asyncio side only enqueues and consumes: `DecodeStream.send` queues frames, the engine task groups the
+pending chunks of all streams by length into batches (after a short window; chunks of streams well ahead of their
+listeners wait for a sweep that decodes them together), runs each batch off the event loop, and hands the audio
+to each stream's bounded output. A stream's decoder state is freed as soon as it finishes, is closed (cancelled)
 or goes idle past the timeout (abandoned).
 """
 
@@ -90,7 +89,6 @@ class DecodeEngine:
         self._config = runner.decoder.config
         self._frame_s = self.samples_per_frame / self._config.output_sample_rate_hz
         self._sweep_at_s: float | None = None  # set while chunks wait for a sweep
-        self._sweeping: set[StreamRecord] = set()  # the streams a due sweep has yet to decode
         self._free_slots = collections.deque(range(runner.max_streams))
         self._streams: dict[int, StreamRecord] = {}
         self._wakeup = asyncio.Event()
@@ -179,31 +177,24 @@ class DecodeEngine:
         return codes.astype(np.int64, copy=False)
 
     async def _run(self) -> None:
-        """One batch at a time, planned anew before each: pieces that arrive during a decode (a newcomer's first
-        chunk) are weighed against those already waiting, not queued behind every batch planned before them."""
         reap_interval_s = max(0.05, min(1.0, self.settings.idle_timeout_s / 4))
-        reaped_at_s = time.monotonic()
-        is_busy = False
         while not self._is_stopping:
-            if not is_busy:
-                timeout_s = reap_interval_s
-                if self._sweep_at_s is not None:
-                    timeout_s = min(timeout_s, max(0.0, self._sweep_at_s - time.monotonic()))
-                with contextlib.suppress(TimeoutError):  # on timeout: a sweep is due, or idle streams may be reaped
-                    await asyncio.wait_for(self._wakeup.wait(), timeout=timeout_s)
-                self._wakeup.clear()
-                if self._is_stopping:
-                    break
-                # Only after an idle spell: back to back, a decode already lasted far longer than the window.
-                if self.settings.batch_window_s > 0 and self._may_join_soon():
-                    await asyncio.sleep(self.settings.batch_window_s)
-            if time.monotonic() - reaped_at_s >= reap_interval_s:
-                self._reap_idle()
-                reaped_at_s = time.monotonic()
-            batch = self._next_batch()
-            if batch:
+            timeout_s = reap_interval_s
+            if self._sweep_at_s is not None:
+                timeout_s = min(timeout_s, max(0.0, self._sweep_at_s - time.monotonic()))
+            with contextlib.suppress(TimeoutError):  # on timeout: a sweep is due, or idle streams may be reaped
+                await asyncio.wait_for(self._wakeup.wait(), timeout=timeout_s)
+            self._wakeup.clear()
+            if self._is_stopping:
+                break
+            if self.settings.batch_window_s > 0 and self._may_join_soon():
+                await asyncio.sleep(self.settings.batch_window_s)
+            self._reap_idle()
+            for batch in self._plan_batches():
                 await self._decode_batch(batch)
-            is_busy = bool(batch)
+            now_s = time.monotonic()
+            if any(record.can_schedule() and self._is_urgent(record, now_s) for record in self._streams.values()):
+                self._wakeup.set()
 
     def _is_urgent(self, record: StreamRecord, now_s: float) -> bool:
         """Whether a stream's pending frames go in the next batch rather than the next sweep: its listener is less
@@ -222,40 +213,25 @@ class DecodeEngine:
             for record in self._streams.values()
         )
 
-    def _next_batch(self) -> list[tuple[StreamRecord, PendingFrames]]:
-        """The pieces to decode next: the stream with the least audio left (`_audio_left_s`) and every other
-        schedulable stream whose next piece has the same length, least audio left first. Only urgent streams and those of a due sweep take part; the first stream left
-        waiting sets the next sweep, which takes in every stream waiting when it falls due."""
+    def _plan_batches(self) -> list[list[tuple[StreamRecord, PendingFrames]]]:
+        """Takes one piece from every schedulable stream that is urgent (from every one in a sweep; the first stream
+        left waiting sets the next sweep) and groups pieces of equal length."""
         now_s = time.monotonic()
-        if self._sweep_at_s is not None and now_s >= self._sweep_at_s:
+        is_sweep = self._sweep_at_s is not None and now_s >= self._sweep_at_s
+        if is_sweep:
             self._sweep_at_s = None
-            self._sweeping = {record for record in self._streams.values() if record.can_schedule()}
-        by_length: dict[int, list[tuple[float, StreamRecord]]] = collections.defaultdict(list)
+        by_length: dict[int, list[tuple[StreamRecord, PendingFrames]]] = collections.defaultdict(list)
         for record in self._streams.values():
             if not record.can_schedule():
                 continue
-            if record in self._sweeping or self._is_urgent(record, now_s):
-                frames = self._piece_frames(len(record.segments[0].codes))
-                by_length[frames].append((self._audio_left_s(record, now_s), record))
+            if is_sweep or self._is_urgent(record, now_s):
+                piece = record.take(self._piece_frames(len(record.segments[0].codes)))
+                record.is_in_flight = True
+                by_length[len(piece.codes)].append((record, piece))
             elif self._sweep_at_s is None:
                 self._sweep_at_s = now_s + self.settings.sweep_interval_s
-        if not by_length:
-            return []
-        frames, candidates = min(by_length.items(), key=lambda item: min(lead for lead, _ in item[1]))
-        candidates.sort(key=lambda candidate: candidate[0])
-        batch = []
-        for _, record in candidates[: self.settings.max_batch_size]:
-            self._sweeping.discard(record)
-            record.is_in_flight = True
-            batch.append((record, record.take(frames)))
-        return batch
-
-    def _audio_left_s(self, record: StreamRecord, now_s: float) -> float:
-        """How long the stream's listener can go on without its next piece: its lead; none for a newcomer waiting for
-        its first audio, nor for a stream whose input has ended (its caller, and its admission slot, wait for the
-        end)."""
-        lead_s = record.lead_s(now_s, self._frame_s)
-        return min(lead_s, 0.0) if record.is_input_done else lead_s
+        size = self.settings.max_batch_size
+        return [group[i : i + size] for group in by_length.values() for i in range(0, len(group), size)]
 
     def _piece_frames(self, available: int) -> int:
         """Frames to take from a stream's next segment: the longest of `piece_lengths` that fits, or all of it up
@@ -319,7 +295,6 @@ class DecodeEngine:
             record.output_ready.set()
             record.input_room.set()
         if not record.is_in_flight and self._streams.get(record.slot) is record:
-            self._sweeping.discard(record)
             del self._streams[record.slot]
             self._free_slots.append(record.slot)
 
