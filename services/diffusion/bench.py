@@ -55,9 +55,14 @@ async def run_requests(engine: DiffusionEngine, args: argparse.Namespace, num_re
 
     async def one(index: int) -> None:
         request = validate_request(
-            engine.limits, request_id=f"{tag}-{index}", prompt=PROMPTS[index % len(PROMPTS)],
-            negative_prompt=NEGATIVE_PROMPT, duration_s=args.duration_s, num_steps=args.num_steps,
-            guidance_scale=args.guidance_scale, seed=index,
+            engine.limits,
+            request_id=f"{tag}-{index}",
+            prompt=PROMPTS[index % len(PROMPTS)],
+            negative_prompt=NEGATIVE_PROMPT,
+            duration_s=args.duration_s,
+            num_steps=args.num_steps,
+            guidance_scale=args.guidance_scale,
+            seed=index,
         )
         async for event in engine.generate(request):
             if isinstance(event, Finished) and event.reason is not FinishReason.COMPLETE:
@@ -89,16 +94,22 @@ def _run_pipeline(pipe, args: argparse.Namespace, prompts: list[str], num_steps:
     _synchronize(device)
     started_s = time.perf_counter()
     pipe(
-        prompts, negative_prompt=[NEGATIVE_PROMPT] * len(prompts), num_inference_steps=num_steps,
-        guidance_scale=args.guidance_scale, audio_end_in_s=args.duration_s, generator=generators, output_type="pt",
+        prompts,
+        negative_prompt=[NEGATIVE_PROMPT] * len(prompts),
+        num_inference_steps=num_steps,
+        guidance_scale=args.guidance_scale,
+        audio_end_in_s=args.duration_s,
+        generator=generators,
+        output_type="pt",
     )
     _synchronize(device)
     return time.perf_counter() - started_s
 
 
 def _measure(args: argparse.Namespace) -> dict:
-    models = load_models(args.preset, load_format="dummy" if args.preset == "dummy" else "auto",
-                         device=args.device, dtype=args.dtype)
+    models = load_models(
+        args.preset, load_format="dummy" if args.preset == "dummy" else "auto", device=args.device, dtype=args.dtype
+    )
     # Recorded in the JSON settings as run: the tiny preset's window is shorter than the default 10 s.
     args.duration_s = min(args.duration_s, models.max_duration_s)
     num_concurrent = args.num_concurrent
@@ -110,10 +121,16 @@ def _measure(args: argparse.Namespace) -> dict:
         step_ms_by_samples.setdefault(stats.num_samples, []).append(stats.step_time_s * 1000)
 
     async def ours() -> None:
-        engine = DiffusionEngine(models, max_batch_size=num_concurrent, batch_window_ms=args.batch_window_ms,
-                                 use_cuda_graphs=not args.no_cuda_graphs, compile_dit=args.compile,
-                                 compile_mode=args.compile_mode, attention_backend=args.attention_backend,
-                                 on_step=record_step)
+        engine = DiffusionEngine(
+            models,
+            max_batch_size=num_concurrent,
+            batch_window_ms=args.batch_window_ms,
+            use_cuda_graphs=not args.no_cuda_graphs,
+            compile_dit=args.compile,
+            compile_mode=args.compile_mode,
+            attention_backend=args.attention_backend,
+            on_step=record_step,
+        )
         engine.start()
         try:
             await run_requests(engine, args, num_concurrent, "warmup")
@@ -168,8 +185,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--compile", action="store_true", help="torch.compile the DiT forward (CUDA graphs on)")
     parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES, help="with --compile")
-    parser.add_argument("--attention-backend", default="auto", choices=sorted(ATTENTION_BACKENDS),
-                        help="SDPA kernel order of the DiT (auto: PyTorch's choice)")
+    parser.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=sorted(ATTENTION_BACKENDS),
+        help="SDPA kernel order of the DiT (auto: PyTorch's choice)",
+    )
     parser.add_argument("--skip-pipeline", action="store_true", help="leave out StableAudioPipeline")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)

@@ -59,18 +59,28 @@ def _model_args(args: argparse.Namespace) -> dict:
 def measure_configuration(args: argparse.Namespace, mode: str, degree: int) -> dict:
     """One request, then `num_concurrent` requests at once, `repeats` times each (medians)."""
     config = DiffusionConfig(
-        device=args.device, parallel=mode, parallel_degree=degree, max_batch_size=args.num_concurrent,
-        batch_window_ms=args.batch_window_ms, use_cuda_graphs=not args.no_cuda_graphs, compile_dit=args.compile,
-        attention_backend=args.attention_backend, **_model_args(args),
+        device=args.device,
+        parallel=mode,
+        parallel_degree=degree,
+        max_batch_size=args.num_concurrent,
+        batch_window_ms=args.batch_window_ms,
+        use_cuda_graphs=not args.no_cuda_graphs,
+        compile_dit=args.compile,
+        attention_backend=args.attention_backend,
+        **_model_args(args),
     )
     device = rank_device(args.device, 0)
     models = load_models(config.model, config.load_format, str(device), config.dtype)
     args.duration_s = min(args.duration_s, models.max_duration_s)
     group = ParallelGroup.launch(config, models) if mode != "none" else None
     engine = DiffusionEngine(
-        models, max_batch_size=config.max_batch_size, batch_window_ms=config.batch_window_ms,
-        use_cuda_graphs=config.use_cuda_graphs, compile_dit=config.compile_dit,
-        attention_backend=config.attention_backend, denoiser=group.denoiser if group else None,
+        models,
+        max_batch_size=config.max_batch_size,
+        batch_window_ms=config.batch_window_ms,
+        use_cuda_graphs=config.use_cuda_graphs,
+        compile_dit=config.compile_dit,
+        attention_backend=config.attention_backend,
+        denoiser=group.denoiser if group else None,
     )
     engine.start()
 
@@ -78,8 +88,11 @@ def measure_configuration(args: argparse.Namespace, mode: str, degree: int) -> d
         await run_requests(engine, _warmup_args(args), args.num_concurrent, "warmup")
         single = [await run_requests(engine, args, 1, f"one{i}") for i in range(args.repeats)]
         concurrent = [await run_requests(engine, args, args.num_concurrent, f"many{i}") for i in range(args.repeats)]
-        return {"one_request_s": statistics.median(single), "concurrent_s": statistics.median(concurrent),
-                "runs_s": {"one_request": single, "concurrent": concurrent}}
+        return {
+            "one_request_s": statistics.median(single),
+            "concurrent_s": statistics.median(concurrent),
+            "runs_s": {"one_request": single, "concurrent": concurrent},
+        }
 
     try:
         result = asyncio.run(run(engine))
@@ -99,19 +112,42 @@ def measure_replicas(args: argparse.Namespace, num_replicas: int) -> dict:
     each loaded and warmed up before any starts."""
     shares = [len(range(index, args.num_concurrent, num_replicas)) for index in range(num_replicas)]
     replica_argv = [
-        "--preset", args.preset, "--dtype", args.dtype, "--num-steps", str(args.num_steps),
-        "--guidance-scale", str(args.guidance_scale), "--duration-s", str(args.duration_s),
-        "--batch-window-ms", str(args.batch_window_ms), "--attention-backend", args.attention_backend,
-        *(["--no-cuda-graphs"] if args.no_cuda_graphs else []), *(["--compile"] if args.compile else []),
+        "--preset",
+        args.preset,
+        "--dtype",
+        args.dtype,
+        "--num-steps",
+        str(args.num_steps),
+        "--guidance-scale",
+        str(args.guidance_scale),
+        "--duration-s",
+        str(args.duration_s),
+        "--batch-window-ms",
+        str(args.batch_window_ms),
+        "--attention-backend",
+        args.attention_backend,
+        *(["--no-cuda-graphs"] if args.no_cuda_graphs else []),
+        *(["--compile"] if args.compile else []),
     ]
     is_cuda = rank_device(args.device, 0).type == "cuda"
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpu_ids = visible.split(",") if visible else [str(index) for index in range(num_replicas)]
     replicas = [
         subprocess.Popen(
-            [sys.executable, "-m", "chorus.diffusion.bench_multigpu", *replica_argv, "--device", args.device,
-             "--num-concurrent", str(share), "--replica"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "chorus.diffusion.bench_multigpu",
+                *replica_argv,
+                "--device",
+                args.device,
+                "--num-concurrent",
+                str(share),
+                "--replica",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
             # Each replica sees only its GPU, as cuda:0, like a pod of one GPU.
             env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu_ids[index]} if is_cuda else None,
         )
@@ -135,9 +171,14 @@ def _serve_replica(args: argparse.Namespace) -> None:
     """--replica: load and warm up, print "ready", wait for "go", run the requests, print their wall time."""
     models = load_models(device=args.device, **_model_args(args))
     args.duration_s = min(args.duration_s, models.max_duration_s)
-    engine = DiffusionEngine(models, max_batch_size=args.num_concurrent, batch_window_ms=args.batch_window_ms,
-                             use_cuda_graphs=not args.no_cuda_graphs, compile_dit=args.compile,
-                             attention_backend=args.attention_backend)
+    engine = DiffusionEngine(
+        models,
+        max_batch_size=args.num_concurrent,
+        batch_window_ms=args.batch_window_ms,
+        use_cuda_graphs=not args.no_cuda_graphs,
+        compile_dit=args.compile,
+        attention_backend=args.attention_backend,
+    )
     engine.start()
     asyncio.run(run_requests(engine, _warmup_args(args), args.num_concurrent, "warmup"))
     print("ready", flush=True)
@@ -178,7 +219,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     num_gpus = args.gpus or (torch.cuda.device_count() if is_cuda else 2)
     configurations = (
         [(mode, int(degree)) for mode, degree in (item.split(":") for item in args.configurations.split(","))]
-        if args.configurations else default_configurations(num_gpus)
+        if args.configurations
+        else default_configurations(num_gpus)
     )
     replica_counts = [int(n) for n in args.replicas.split(",")] if args.replicas else [2, 4]
     replica_counts = [n for n in replica_counts if n <= num_gpus]
@@ -189,8 +231,10 @@ def main(argv: list[str] | None = None) -> dict | None:
         gc.collect()  # the configuration's models, before the next one loads
         if is_cuda:
             torch.cuda.empty_cache()
-        _log(f"{mode}×{degree}: one request {results[-1]['one_request_s']:.2f} s, "
-             f"{args.num_concurrent} concurrent {results[-1]['concurrent_s']:.2f} s")
+        _log(
+            f"{mode}×{degree}: one request {results[-1]['one_request_s']:.2f} s, "
+            f"{args.num_concurrent} concurrent {results[-1]['concurrent_s']:.2f} s"
+        )
     for num_replicas in replica_counts:
         _log(f"{num_replicas} replicas…")
         results.append(measure_replicas(args, num_replicas))
@@ -212,9 +256,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (out / f"multigpu-{stamp}.json").write_text(json.dumps(report, indent=2))
-    groups = [
-        ([(r["one_request_s"], 0)] if "one_request_s" in r else []) + [(r["concurrent_s"], 1)] for r in results
-    ]
+    groups = [([(r["one_request_s"], 0)] if "one_request_s" in r else []) + [(r["concurrent_s"], 1)] for r in results]
     write_bar_chart(out / f"multigpu-{stamp}.png", groups)
     _log(f"wrote {out / f'multigpu-{stamp}.json'} and .png in {report['total_s']:.0f} s")
     return report

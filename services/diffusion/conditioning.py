@@ -47,7 +47,10 @@ class SampleConditioning:
 def encode_text(models: StableAudioModels, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, T, D) fp32 projected T5 states with padding zeroed, and the (N, T) attention mask."""
     tokens = models.tokenizer(
-        list(texts), padding="max_length", max_length=models.tokenizer.model_max_length, truncation=True,
+        list(texts),
+        padding="max_length",
+        max_length=models.tokenizer.model_max_length,
+        truncation=True,
         return_tensors="pt",
     )
     input_ids = tokens.input_ids.to(models.device)

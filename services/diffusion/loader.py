@@ -161,8 +161,10 @@ def resolve_model_directory(model: str, cache_dir: str | None = None) -> Path:
         with contextlib.suppress(LocalEntryNotFoundError, HFValidationError):
             directory = Path(snapshot_download(model, cache_dir=cache_dir, local_files_only=True))
     if not (directory / "model_index.json").is_file():
-        raise ValueError(f"model: {model!r} is not a preset ({sorted(PRESETS)}), a directory with model_index.json "
-                         "or a repo id in the local HF cache")
+        raise ValueError(
+            f"model: {model!r} is not a preset ({sorted(PRESETS)}), a directory with model_index.json "
+            "or a repo id in the local HF cache"
+        )
     return directory
 
 

@@ -23,8 +23,9 @@ class _Blocks(nn.Module):
 def _block(dtype: torch.dtype) -> StableAudioDiTBlock:
     """Released head layout (64-dim heads, 32 rotary channels, 2 query heads per kv head), small width."""
     torch.manual_seed(0)
-    block = StableAudioDiTBlock(dim=256, num_attention_heads=4, num_key_value_attention_heads=2,
-                                attention_head_dim=64, cross_attention_dim=96)
+    block = StableAudioDiTBlock(
+        dim=256, num_attention_heads=4, num_key_value_attention_heads=2, attention_head_dim=64, cross_attention_dim=96
+    )
     return block.eval().to(dtype)
 
 

@@ -8,13 +8,36 @@ from chorus.diffusion.bench import main
 
 
 def test_bench_smoke(tmp_path):
-    report = main([
-        "--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--num-steps", "3", "--num-concurrent", "2",
-        "--repeats", "1", "--batch-window-ms", "5", "--attention-backend", "flash", "--out", str(tmp_path),
-    ])
+    report = main(
+        [
+            "--preset",
+            "tiny",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--num-steps",
+            "3",
+            "--num-concurrent",
+            "2",
+            "--repeats",
+            "1",
+            "--batch-window-ms",
+            "5",
+            "--attention-backend",
+            "flash",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     results = report["results"]
-    for key in ("ours_one_request_s", "ours_concurrent_s", "pipeline_one_request_s",
-                "pipeline_one_call_per_request_s", "pipeline_one_call_all_prompts_s"):
+    for key in (
+        "ours_one_request_s",
+        "ours_concurrent_s",
+        "pipeline_one_request_s",
+        "pipeline_one_call_per_request_s",
+        "pipeline_one_call_all_prompts_s",
+    ):
         assert results[key] > 0
     (json_path,) = tmp_path.glob("diffusion-*.json")
     (png_path,) = tmp_path.glob("diffusion-*.png")

@@ -28,8 +28,11 @@ def test_span_decode_equals_full_decode(tiny_models, start_s, end_s):
     with torch.random.fork_rng():
         torch.manual_seed(0)
         vae = AutoencoderOobleck(
-            encoder_hidden_size=4, downsampling_ratios=[2, 4, 4, 8, 8], channel_multiples=[1, 2, 4, 8, 16],
-            decoder_channels=2, decoder_input_channels=tiny_models.num_latent_channels,
+            encoder_hidden_size=4,
+            downsampling_ratios=[2, 4, 4, 8, 8],
+            channel_multiples=[1, 2, 4, 8, 16],
+            decoder_channels=2,
+            decoder_input_channels=tiny_models.num_latent_channels,
         ).eval()
     models = dataclasses.replace(tiny_models, vae=vae)
     assert models.max_duration_s == pytest.approx(128 * 2048 / 44100)

@@ -21,11 +21,18 @@ def _inputs(models, num_rows: int):
 
 
 def _stock_velocity(transformer, latents, timestep, cross_context, global_context):
-    rotary = get_1d_rotary_pos_embed(transformer.config.attention_head_dim // 2, latents.shape[2] + 1,
-                                     use_real=True, repeat_interleave_real=False)
+    rotary = get_1d_rotary_pos_embed(
+        transformer.config.attention_head_dim // 2, latents.shape[2] + 1, use_real=True, repeat_interleave_real=False
+    )
     with torch.inference_mode():
-        return transformer(latents, timestep.reshape(1), encoder_hidden_states=cross_context,
-                           global_hidden_states=global_context, rotary_embedding=rotary, return_dict=False)[0]
+        return transformer(
+            latents,
+            timestep.reshape(1),
+            encoder_hidden_states=cross_context,
+            global_hidden_states=global_context,
+            rotary_embedding=rotary,
+            return_dict=False,
+        )[0]
 
 
 @pytest.mark.parametrize("timestep", [0.03, 0.9])
@@ -47,8 +54,9 @@ def test_attention_backend_keeps_results(tiny_models, attention_backend):
     inputs = _inputs(tiny_models, num_rows=2)
     timesteps = torch.tensor([0.2, 0.7])
     auto = StableAudioDenoiser(tiny_models.transformer, tiny_models.time_frequencies)
-    chosen = StableAudioDenoiser(tiny_models.transformer, tiny_models.time_frequencies,
-                                 attention_backend=attention_backend)
+    chosen = StableAudioDenoiser(
+        tiny_models.transformer, tiny_models.time_frequencies, attention_backend=attention_backend
+    )
     expected = auto(inputs[0], timesteps, *inputs[1:])
     torch.testing.assert_close(chosen(inputs[0], timesteps, *inputs[1:]), expected, rtol=1e-5, atol=1e-5)
 

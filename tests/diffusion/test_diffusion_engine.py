@@ -44,8 +44,14 @@ def _audio(events):
 
 REQUESTS = {
     "a": {"prompt": "a dog barks", "seed": 5},
-    "b": {"prompt": "Rain on a tin roof", "negative_prompt": "hiss", "guidance_scale": 3.0, "seed": 9,
-          "duration_s": 0.6, "num_steps": 3},
+    "b": {
+        "prompt": "Rain on a tin roof",
+        "negative_prompt": "hiss",
+        "guidance_scale": 3.0,
+        "seed": 9,
+        "duration_s": 0.6,
+        "num_steps": 3,
+    },
     "c": {"prompt": "a bell", "guidance_scale": 1.0, "seed": 2, "start_s": 0.1, "num_steps": 9},
     "d": {"prompt": "two outputs", "num_outputs": 2, "seed": 7, "num_steps": 4},
 }

@@ -73,9 +73,11 @@ async def test_fp16_engine_on_cuda_is_finite_and_batch_independent():
     assert engine.runner.denoiser.captured_buckets == [1, 2, 4, 8]
     engine.start()
     try:
+
         def request(request_id, seed):
-            return validate_request(engine.limits, request_id=request_id, prompt="rain", duration_s=0.5,
-                                    num_steps=8, seed=seed)
+            return validate_request(
+                engine.limits, request_id=request_id, prompt="rain", duration_s=0.5, num_steps=8, seed=seed
+            )
 
         async def audio(request):
             (waveform,) = [e.waveform async for e in engine.generate(request) if isinstance(e, AudioOutput)]

@@ -42,8 +42,12 @@ def _pipeline(models, replayed_noise, final_noise):
     transformer = copy.deepcopy(models.transformer)
     transformer.set_default_attn_processor()
     return StableAudioPipeline(
-        vae=models.vae, text_encoder=models.text_encoder, projection_model=models.projection_model,
-        tokenizer=models.tokenizer, transformer=transformer, scheduler=scheduler,
+        vae=models.vae,
+        text_encoder=models.text_encoder,
+        projection_model=models.projection_model,
+        tokenizer=models.tokenizer,
+        transformer=transformer,
+        scheduler=scheduler,
     )
 
 
@@ -57,10 +61,22 @@ def _replay_noise(models, seeds, num_steps):
 
 
 CASES = {
-    "cfg": dict(prompts=["a dog barks", "Rain on a tin roof, 120 BPM"], negatives=None, guidance=7.0,
-                start_s=0.0, end_s=0.5, num_steps=8),
-    "negative_prompt": dict(prompts=["birds singing", "a synth pad"], negatives=["low quality", "hiss, noise"],
-                            guidance=3.5, start_s=0.1, end_s=0.6, num_steps=6),
+    "cfg": dict(
+        prompts=["a dog barks", "Rain on a tin roof, 120 BPM"],
+        negatives=None,
+        guidance=7.0,
+        start_s=0.0,
+        end_s=0.5,
+        num_steps=8,
+    ),
+    "negative_prompt": dict(
+        prompts=["birds singing", "a synth pad"],
+        negatives=["low quality", "hiss, noise"],
+        guidance=3.5,
+        start_s=0.1,
+        end_s=0.6,
+        num_steps=6,
+    ),
     "no_cfg": dict(prompts=["footsteps"], negatives=None, guidance=1.0, start_s=0.0, end_s=0.74, num_steps=4),
     "one_step": dict(prompts=["a bell"], negatives=None, guidance=7.0, start_s=0.0, end_s=0.2, num_steps=1),
 }
@@ -81,15 +97,20 @@ def test_conditioning_and_waveform_match_pipeline(tiny_models, case):
     captured = []
     pipe.transformer.register_forward_pre_hook(lambda _m, _a, kw: captured.append(kw), with_kwargs=True)
     reference = pipe(
-        prompt=case["prompts"], negative_prompt=case["negatives"], audio_start_in_s=case["start_s"],
-        audio_end_in_s=case["end_s"], num_inference_steps=case["num_steps"], guidance_scale=case["guidance"],
-        latents=initial, output_type="pt",
+        prompt=case["prompts"],
+        negative_prompt=case["negatives"],
+        audio_start_in_s=case["start_s"],
+        audio_end_in_s=case["end_s"],
+        num_inference_steps=case["num_steps"],
+        guidance_scale=case["guidance"],
+        latents=initial,
+        output_type="pt",
     ).audios
     pipe.transformer._forward_pre_hooks.clear()
 
     conditioning = build_conditioning(
-        tiny_models, [ConditioningRequest(s.prompt, s.negative_prompt, s.start_s, s.end_s, s.guidance_scale)
-                      for s in specs],
+        tiny_models,
+        [ConditioningRequest(s.prompt, s.negative_prompt, s.start_s, s.end_s, s.guidance_scale) for s in specs],
     )
     cross = torch.stack([c.cross_context for c in conditioning])
     global_context = torch.stack([c.global_context for c in conditioning])

@@ -22,8 +22,17 @@ LIMITS = RequestLimits(max_duration_s=47.55, max_num_outputs=4)
 
 
 def test_request_fields_and_defaults():
-    message = diffusion_pb2.GenerateRequest(request_id="r1", prompt="rain", negative_prompt="hiss", duration_s=5.0,
-                                            start_s=1.0, num_steps=50, guidance_scale=1.0, seed=0, num_outputs=2)
+    message = diffusion_pb2.GenerateRequest(
+        request_id="r1",
+        prompt="rain",
+        negative_prompt="hiss",
+        duration_s=5.0,
+        start_s=1.0,
+        num_steps=50,
+        guidance_scale=1.0,
+        seed=0,
+        num_outputs=2,
+    )
     request = generation_request(LIMITS, message, deadline_s=123.0)
     assert (request.prompt, request.negative_prompt, request.duration_s, request.start_s) == ("rain", "hiss", 5.0, 1.0)
     assert (request.num_steps, request.guidance_scale, request.seed, request.num_outputs) == (50, 1.0, 0, 2)

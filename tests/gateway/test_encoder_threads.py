@@ -84,4 +84,3 @@ def test_each_gateway_process_gets_a_share_of_the_cores():
         encoder_threads(0)
     with pytest.raises(ValueError, match="encoder_threads"):
         GatewayConfig(encoder_threads=-1)
-

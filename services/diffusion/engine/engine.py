@@ -101,9 +101,14 @@ class DiffusionEngine:
         is_cuda = models.device.type == "cuda" and denoiser is None
         # Two DiT rows per sample: CFG runs the unconditional branch in the same forward.
         max_graph_rows = 2 * max_batch_size if use_cuda_graphs and is_cuda else 0
-        self.runner = DiffusionRunner(models, max_graph_rows=max_graph_rows,
-                                      compile_dit=compile_dit and max_graph_rows > 0, compile_mode=compile_mode,
-                                      attention_backend=attention_backend, denoiser=denoiser)
+        self.runner = DiffusionRunner(
+            models,
+            max_graph_rows=max_graph_rows,
+            compile_dit=compile_dit and max_graph_rows > 0,
+            compile_mode=compile_mode,
+            attention_backend=attention_backend,
+            denoiser=denoiser,
+        )
         self.limits = RequestLimits(
             max_duration_s=models.max_duration_s,
             max_num_outputs=max_batch_size,
@@ -147,8 +152,12 @@ class DiffusionEngine:
 
         Raises InvalidGenerationParameter for a request_id already live, Overloaded when the queue is full."""
         live = _LiveRequest(
-            request_id=request.request_id, num_samples=request.num_outputs, arrival_s=time.monotonic(),
-            request=request, loop=asyncio.get_running_loop(), events=asyncio.Queue(),
+            request_id=request.request_id,
+            num_samples=request.num_outputs,
+            arrival_s=time.monotonic(),
+            request=request,
+            loop=asyncio.get_running_loop(),
+            events=asyncio.Queue(),
         )
         with self._lock:
             if request.request_id in self._by_id:

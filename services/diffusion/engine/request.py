@@ -181,4 +181,3 @@ class Finished:
 
 
 Event = StepProgress | AudioOutput | Finished
-

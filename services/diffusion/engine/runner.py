@@ -98,8 +98,13 @@ class DiffusionRunner:
         if denoiser is not None:
             self.denoiser: Denoiser = denoiser
             return
-        denoiser = StableAudioDenoiser(models.transformer, models.time_frequencies, compile_blocks=compile_dit,
-                                       compile_mode=compile_mode, attention_backend=attention_backend)
+        denoiser = StableAudioDenoiser(
+            models.transformer,
+            models.time_frequencies,
+            compile_blocks=compile_dit,
+            compile_mode=compile_mode,
+            attention_backend=attention_backend,
+        )
         self.denoiser = denoiser
         if max_graph_rows > 0 and models.device.type == "cuda":
             self.denoiser = GraphedDenoiser.captured(denoiser, models, max_graph_rows)
@@ -122,9 +127,7 @@ class DiffusionRunner:
             noise = SampleNoise(spec.seed, self.models.device)
             latents = noise.initial_latents(self._latent_shape, schedule.init_noise_sigma)
             sigmas = make_sigmas(spec.num_steps, schedule.sigma_min, schedule.sigma_max).to(self.models.device)
-            states.append(
-                SampleState(spec, sample_conditioning, noise, sigmas, latents, torch.zeros_like(latents))
-            )
+            states.append(SampleState(spec, sample_conditioning, noise, sigmas, latents, torch.zeros_like(latents)))
         return states
 
     @torch.inference_mode()
@@ -193,7 +196,9 @@ class DiffusionRunner:
         rows = self._to_device(list(range(len(states))) + cfg_rows)
         timesteps = sigma_to_timestep(sigma)
         output = self.denoiser(
-            model_input.index_select(0, rows), timesteps.index_select(0, rows), torch.stack(cross),
+            model_input.index_select(0, rows),
+            timesteps.index_select(0, rows),
+            torch.stack(cross),
             torch.stack(global_context),
         ).to(torch.float32)
         velocity = output[: len(states)]

@@ -46,7 +46,9 @@ def plan_for(config: DiffusionConfig, models: StableAudioModels) -> ParallelPlan
     """The config's plan, checked against the DiT's heads and the host's GPUs (ParallelConfigError)."""
     model_config = models.transformer.config
     plan = make_plan(
-        config.parallel, config.parallel_degree, model_config.num_attention_heads,
+        config.parallel,
+        config.parallel_degree,
+        model_config.num_attention_heads,
         model_config.num_key_value_attention_heads,
     )
     if models.device.type == "cuda" and torch.cuda.device_count() < plan.world_size:
@@ -66,8 +68,14 @@ def join_group(rank: int, world_size: int, device: torch.device, store: dist.Sto
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT,
-                            device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=COLLECTIVE_TIMEOUT,
+        device_id=device if device.type == "cuda" else None,
+    )
 
 
 @torch.no_grad()
@@ -91,8 +99,11 @@ def build_rank_denoiser(
         inner_group = groups[plan.cfg_rank(rank)]
     use_graphs = plan.inner_degree == 1 and config.use_cuda_graphs and models.device.type == "cuda"
     denoiser = StableAudioDenoiser(
-        models.transformer, models.time_frequencies, compile_blocks=use_graphs and config.compile_dit,
-        compile_mode=config.compile_mode, attention_backend=config.attention_backend,
+        models.transformer,
+        models.time_frequencies,
+        compile_blocks=use_graphs and config.compile_dit,
+        compile_mode=config.compile_mode,
+        attention_backend=config.attention_backend,
     )
     if use_graphs:
         # A step's rows (up to 2 per sample with CFG) split evenly over the CFG groups.
@@ -121,13 +132,15 @@ class ParallelGroup:
         """Starts ranks 1… and forms the group with this process as rank 0. `models` must be on
         rank_device(config.device, 0). Blocks until every worker has loaded its model."""
         plan = plan_for(config, models)
-        store = dist.TCPStore("127.0.0.1", 0, plan.world_size, is_master=True, timeout=STARTUP_TIMEOUT,
-                              wait_for_workers=False)
+        store = dist.TCPStore(
+            "127.0.0.1", 0, plan.world_size, is_master=True, timeout=STARTUP_TIMEOUT, wait_for_workers=False
+        )
         workers = [_start_worker(config, rank, plan.world_size, store.port) for rank in range(1, plan.world_size)]
         is_closing = threading.Event()
         # From here on: a worker that fails while loading would leave this rank waiting for it.
-        threading.Thread(target=_watch_workers, args=(workers, is_closing), name="diffusion-parallel-watch",
-                         daemon=True).start()
+        threading.Thread(
+            target=_watch_workers, args=(workers, is_closing), name="diffusion-parallel-watch", daemon=True
+        ).start()
         try:
             join_group(0, plan.world_size, models.device, store)
             denoiser = build_rank_denoiser(models, plan, 0, config)
@@ -158,7 +171,10 @@ def _watch_workers(workers: list[subprocess.Popen], is_closing: threading.Event)
 
 def _start_worker(config: DiffusionConfig, rank: int, world_size: int, store_port: int) -> subprocess.Popen:
     spec = {
-        "config": dataclasses.asdict(config), "rank": rank, "world_size": world_size, "store_port": store_port,
+        "config": dataclasses.asdict(config),
+        "rank": rank,
+        "world_size": world_size,
+        "store_port": store_port,
         "parent_pid": os.getpid(),
     }
     return subprocess.Popen([sys.executable, "-m", "chorus.diffusion.parallel.worker", json.dumps(spec)])

@@ -57,9 +57,7 @@ def _row_parallel(linear: nn.Linear, rank: int, degree: int, group: dist.Process
 
 
 @torch.no_grad()
-def shard_transformer(
-    transformer: nn.Module, rank: int, degree: int, group: dist.ProcessGroup | None
-) -> None:
+def shard_transformer(transformer: nn.Module, rank: int, degree: int, group: dist.ProcessGroup | None) -> None:
     """Shards, in place, every block of a StableAudioDiTModel whose attention chorus.diffusion.attention
     installed (fused to_qkv / to_kv). The separate to_q/to_k/to_v of the checkpoint layout become views of
     the shard where the processors still read them, or are dropped, so a rank keeps 1/degree of the blocks."""

@@ -17,7 +17,6 @@ pytestmark = [
 ]
 
 
-
 def specs_within(window_s: float) -> list[SampleSpec]:
     """Two samples inside the model's window (the tiny preset's is under a second)."""
     return [
