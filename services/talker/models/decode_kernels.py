@@ -5,9 +5,13 @@ A decode step is bound by the number of kernels it launches, not by arithmetic: 
 spent ~13 µs per layer in q/k norm, rotation, the stack and transpose of keys and values, the cache scatter and the
 three attention kernels. Here:
 
-- `qk_norm_rope_store`: one program per (row, token, head) RMS-normalises query and key heads with their norm
-  weights, rotates them (NeoX halves, angles from the row's position) and writes keys and values straight into the
-  row's cache at that position; queries come back in `[B, heads, T, D]`.
+- `qk_norm_rope_store`: one program per (row, token) RMS-normalises all its query and key heads with their norm
+  weights, rotates them (NeoX halves, angles from the row's position, one cos and sin per dimension for all heads)
+  and writes keys and values straight into the row's cache at that position; queries come back in
+  `[B, heads, T, D]`. With a program per head instead (32 a row at 0.6B), a talker step took 7.55–7.75 against
+  6.80–6.88 ms at batch 256 and 4.72 against 4.58–4.68 at 64 (0.6B, one H100, two rounds alternating in one call:
+  bench/results/talker-20261127-163831 and -163939 against -163757 and -163904). Those one-warp programs, 8,192 a
+  call at 256 rows, took 1.14 ms of a 6.95 ms step in the kernel profile (kernels-20261127-163210).
 - `decode_attention`: one program per (row, key head) attends the few queries of that head group (1 or 2 tokens
   per row) over the row's cached keys, reading only positions up to the row's own — the cache length is an upper
   bound, not the work done.
@@ -77,47 +81,48 @@ def _qk_norm_rope_store_kernel(
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    ALL_HEADS: tl.constexpr,  # query, key and value heads, rounded up to a power of two
     PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
-    let_next_kernel_start(PDL)  # a few programs, and the attention after them has nothing to read before it waits
+    let_next_kernel_start(PDL)  # one program a row, and the attention after them has nothing to read before it waits
     row_token = tl.program_id(0)
-    head = tl.program_id(1)
     row = row_token // num_tokens
     token = row_token % num_tokens
-    dims = tl.arange(0, HEAD_DIM)
+    heads = tl.arange(0, ALL_HEADS)[:, None]
+    dims = tl.arange(0, HEAD_DIM)[None, :]
     half = HEAD_DIM // 2
-    source = qkv_ptr + row * stride_qkv_row + token * stride_qkv_token + head * HEAD_DIM
-    x = tl.load(source + dims)
+    partner = (dims + half) % HEAD_DIM
+    is_query = heads < NUM_HEADS
+    is_key = (heads >= NUM_HEADS) & (heads < NUM_HEADS + NUM_KV_HEADS)
+    is_value = (heads >= NUM_HEADS + NUM_KV_HEADS) & (heads < NUM_HEADS + 2 * NUM_KV_HEADS)
+    source = qkv_ptr + row * stride_qkv_row + token * stride_qkv_token + heads * HEAD_DIM
+    exists = is_query | is_key | is_value
+    x = tl.load(source + dims, mask=exists, other=0.0)
+    x_partner = tl.load(source + partner, mask=exists, other=0.0).to(tl.float32)
     position = tl.load(positions_ptr + row_token)
     block = tl.load(table_ptr + row * stride_table_row + position // BLOCK_SIZE).to(tl.int64)
     slot = cache_ptr + block * stride_cache_block + (position % BLOCK_SIZE) * stride_cache_position
     dtype = qkv_ptr.dtype.element_ty
-    if head >= NUM_HEADS + NUM_KV_HEADS:  # a value head: stored as it is
-        target = slot + stride_cache_kv
-        tl.store(target + (head - NUM_HEADS - NUM_KV_HEADS) * stride_cache_head + dims, x)
-    else:
-        # RMS norm in fp32, rounded to the activation dtype, then scaled by the head's norm weight.
-        partner = (dims + half) % HEAD_DIM
-        x_partner = tl.load(source + partner).to(tl.float32)
-        x_fp32 = x.to(tl.float32)
-        inv_rms = tl.rsqrt(tl.sum(x_fp32 * x_fp32, axis=0) / HEAD_DIM + eps)
-        is_query = head < NUM_HEADS
-        weight = tl.where(is_query, tl.load(q_norm_ptr + dims), tl.load(k_norm_ptr + dims)).to(tl.float32)
-        weight_partner = tl.where(is_query, tl.load(q_norm_ptr + partner), tl.load(k_norm_ptr + partner))
-        normed = (x_fp32 * inv_rms).to(dtype).to(tl.float32) * weight
-        normed_partner = (x_partner * inv_rms).to(dtype).to(tl.float32) * weight_partner.to(tl.float32)
-        # NeoX rotation: the first half pairs with the second; angle_i = position · theta^(-2 (i mod half) / D).
-        inv_freq = tl.exp2(-((dims % half) * 2).to(tl.float32) / HEAD_DIM * log2_theta)
-        angle = position.to(tl.float32) * inv_freq
-        cos = tl.cos(angle).to(dtype).to(tl.float32)
-        sin = tl.sin(angle).to(dtype).to(tl.float32)
-        rotated = (normed * cos + tl.where(dims < half, -normed_partner, normed_partner) * sin).to(dtype)
-        if is_query:
-            target = q_out_ptr + row * stride_q_row + head * stride_q_head + token * stride_q_token
-            tl.store(target + dims, rotated)
-        else:
-            tl.store(slot + (head - NUM_HEADS) * stride_cache_head + dims, rotated)
+    # RMS norm per head in fp32, rounded to the activation dtype, then scaled by the head's norm weight.
+    x_fp32 = x.to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(x_fp32 * x_fp32, axis=1) / HEAD_DIM + eps)[:, None]
+    weight = tl.where(is_query, tl.load(q_norm_ptr + dims), tl.load(k_norm_ptr + dims)).to(tl.float32)
+    weight_partner = tl.where(is_query, tl.load(q_norm_ptr + partner), tl.load(k_norm_ptr + partner))
+    normed = (x_fp32 * inv_rms).to(dtype).to(tl.float32) * weight
+    normed_partner = (x_partner * inv_rms).to(dtype).to(tl.float32) * weight_partner.to(tl.float32)
+    # NeoX rotation: the first half pairs with the second; angle_i = position · theta^(-2 (i mod half) / D), one
+    # cos and sin per dimension for every head of the row.
+    inv_freq = tl.exp2(-((dims % half) * 2).to(tl.float32) / HEAD_DIM * log2_theta)
+    angle = position.to(tl.float32) * inv_freq
+    cos = tl.cos(angle).to(dtype).to(tl.float32)
+    sin = tl.sin(angle).to(dtype).to(tl.float32)
+    rotated = (normed * cos + tl.where(dims < half, -normed_partner, normed_partner) * sin).to(dtype)
+    query_target = q_out_ptr + row * stride_q_row + heads * stride_q_head + token * stride_q_token + dims
+    tl.store(query_target, rotated, mask=is_query)
+    tl.store(slot + (heads - NUM_HEADS) * stride_cache_head + dims, rotated, mask=is_key)
+    value_slot = slot + stride_cache_kv + (heads - NUM_HEADS - NUM_KV_HEADS) * stride_cache_head
+    tl.store(value_slot + dims, x, mask=is_value)  # a value head: stored as it is
 
 
 def qk_norm_rope_store(
@@ -139,8 +144,8 @@ def qk_norm_rope_store(
     assert qkv.stride(2) == 1 and kv_cache.stride(4) == 1 and positions.is_contiguous() and block_table.stride(1) == 1
     queries = qkv.new_empty(batch, num_heads, num_tokens, head_dim)
     uses_pdl = pdl.enabled(qkv)
-    grid = (batch * num_tokens, num_heads + 2 * num_kv_heads)
-    _qk_norm_rope_store_kernel[grid](
+    all_heads = triton.next_power_of_2(num_heads + 2 * num_kv_heads)
+    _qk_norm_rope_store_kernel[(batch * num_tokens,)](
         qkv,
         q_norm_weight,
         k_norm_weight,
@@ -159,8 +164,9 @@ def qk_norm_rope_store(
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
+        ALL_HEADS=all_heads,
         PDL=uses_pdl,
-        num_warps=1,
+        num_warps=4,
         launch_pdl=uses_pdl,
     )
     return queries
