@@ -58,17 +58,9 @@ def _unpaged(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     ("num_heads", "num_kv_heads", "head_dim", "length", "block_size"),
     [(16, 8, 128, 256, 64), (16, 8, 128, 16, 16), (4, 2, 16, 128, 64), (4, 2, 16, 64, 16)],
 )
-@pytest.mark.parametrize("whole_rows", [False, True], ids=["few heads a program", "a row a program"])
-def test_kernels_match_the_torch_decode_path(
-    dtype, num_tokens, num_heads, num_kv_heads, head_dim, length, block_size, whole_rows, monkeypatch
-):
-    """Both ways `qk_norm_rope_store` splits a row's heads over programs: a few heads each (few rows), all of them
-    in one (many rows; here forced for 5)."""
-    from chorus.talker.models import decode_kernels
+def test_kernels_match_the_torch_decode_path(dtype, num_tokens, num_heads, num_kv_heads, head_dim, length, block_size):
     from chorus.talker.models.decode_kernels import decode_attention, qk_norm_rope_store
 
-    if whole_rows:
-        monkeypatch.setattr(decode_kernels, "MANY_ROWS", 1)
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
     config = Qwen3BlockConfig(64, 128, 1, num_heads, num_kv_heads, head_dim, 1e6)

@@ -11,7 +11,10 @@ three attention kernels. Here:
   `[B, heads, T, D]`. With a program per head instead (32 a row at 0.6B), a talker step took 7.55–7.75 against
   6.80–6.88 ms at batch 256 and 4.72 against 4.58–4.68 at 64 (0.6B, one H100, two rounds alternating in one call:
   bench/results/talker-20261127-163831 and -163939 against -163757 and -163904). Those one-warp programs, 8,192 a
-  call at 256 rows, took 1.14 ms of a 6.95 ms step in the kernel profile (kernels-20261127-163210).
+  call at 256 rows, took 1.14 ms of a 6.95 ms step in the kernel profile (kernels-20261127-163210). Splitting a
+  row's heads four to a program below 32 rows left batch 1 where it was (3.43–3.44 against 3.42–3.45 ms a step,
+  -165003 and -165059 against -165032 and -165131) and a launch for one row at 1.56 µs against 1.59 whole (1.47
+  per head): not worth a second way.
 - `decode_attention`: one program per (row, key head) attends the few queries of that head group (1 or 2 tokens
   per row) over the row's cached keys, reading only positions up to the row's own — the cache length is an upper
   bound, not the work done.
@@ -43,8 +46,6 @@ from chorus.talker.models import pdl
 from chorus.talker.models.pdl import let_next_kernel_start, wait_for_previous_kernel
 
 MAX_DECODE_TOKENS = 2  # the code predictor's first step feeds 2 tokens; every other decode step 1
-MANY_ROWS = 32  # rows (times tokens) from which `qk_norm_rope_store` takes all of a row's heads in one program
-FEW_ROWS_HEADS = 4  # heads a program below that
 
 
 def supports(head_dim: int, num_heads: int, num_kv_heads: int, dtype: torch.dtype) -> bool:
@@ -83,15 +84,15 @@ def _qk_norm_rope_store_kernel(
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    HEADS_PER_PROGRAM: tl.constexpr,  # a power of two
+    ALL_HEADS: tl.constexpr,  # query, key and value heads, rounded up to a power of two
     PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
-    let_next_kernel_start(PDL)  # a few programs a row, and the attention after them has nothing to read before it waits
+    let_next_kernel_start(PDL)  # one program a row, and the attention after them has nothing to read before it waits
     row_token = tl.program_id(0)
     row = row_token // num_tokens
     token = row_token % num_tokens
-    heads = tl.program_id(1) * HEADS_PER_PROGRAM + tl.arange(0, HEADS_PER_PROGRAM)[:, None]
+    heads = tl.arange(0, ALL_HEADS)[:, None]
     dims = tl.arange(0, HEAD_DIM)[None, :]
     half = HEAD_DIM // 2
     partner = (dims + half) % HEAD_DIM
@@ -127,14 +128,6 @@ def _qk_norm_rope_store_kernel(
     tl.store(value_slot + dims, x, mask=is_value)  # a value head: stored as it is
 
 
-def heads_per_program_for(num_rows: int, num_all_heads: int) -> int:
-    """Query, key and value heads a program of `qk_norm_rope_store` takes: all of a row's once the rows alone make
-    enough programs to fill the GPU, `FEW_ROWS_HEADS` below that."""
-    if num_rows >= MANY_ROWS:
-        return triton.next_power_of_2(num_all_heads)
-    return min(FEW_ROWS_HEADS, triton.next_power_of_2(num_all_heads))
-
-
 def qk_norm_rope_store(
     qkv: torch.Tensor,
     q_norm_weight: torch.Tensor,
@@ -154,9 +147,8 @@ def qk_norm_rope_store(
     assert qkv.stride(2) == 1 and kv_cache.stride(4) == 1 and positions.is_contiguous() and block_table.stride(1) == 1
     queries = qkv.new_empty(batch, num_heads, num_tokens, head_dim)
     uses_pdl = pdl.enabled(qkv)
-    heads_per_program = heads_per_program_for(batch * num_tokens, num_heads + 2 * num_kv_heads)
-    grid = (batch * num_tokens, triton.cdiv(num_heads + 2 * num_kv_heads, heads_per_program))
-    _qk_norm_rope_store_kernel[grid](
+    all_heads = triton.next_power_of_2(num_heads + 2 * num_kv_heads)
+    _qk_norm_rope_store_kernel[(batch * num_tokens,)](
         qkv,
         q_norm_weight,
         k_norm_weight,
@@ -175,9 +167,9 @@ def qk_norm_rope_store(
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
-        HEADS_PER_PROGRAM=heads_per_program,
+        ALL_HEADS=all_heads,
         PDL=uses_pdl,
-        num_warps=max(1, heads_per_program // 8),
+        num_warps=4,
         launch_pdl=uses_pdl,
     )
     return queries
