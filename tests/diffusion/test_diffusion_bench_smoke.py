@@ -8,28 +8,11 @@ from chorus.diffusion.bench import main
 
 
 def test_bench_smoke(tmp_path):
-    report = main(
-        [
-            "--preset",
-            "tiny",
-            "--device",
-            "cpu",
-            "--dtype",
-            "float32",
-            "--num-steps",
-            "3",
-            "--num-concurrent",
-            "2",
-            "--repeats",
-            "1",
-            "--batch-window-ms",
-            "5",
-            "--attention-backend",
-            "flash",
-            "--out",
-            str(tmp_path),
-        ]
+    flags = (
+        "--preset tiny --device cpu --dtype float32 --num-steps 3 --num-concurrent 2 --repeats 1 --batch-window-ms 5"
+        " --attention-backend flash"
     )
+    report = main([*flags.split(), "--out", str(tmp_path)])
     results = report["results"]
     for key in (
         "ours_one_request_s",

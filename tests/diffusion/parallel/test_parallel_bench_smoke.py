@@ -15,29 +15,11 @@ def test_default_configurations_follow_the_gpu_count():
 
 def test_bench_multigpu_smoke(tmp_path, monkeypatch):
     monkeypatch.setenv("CHORUS_COMMIT", "abc123")
-    report = main(
-        [
-            "--preset",
-            "tiny",
-            "--device",
-            "cpu",
-            "--dtype",
-            "float32",
-            "--num-steps",
-            "3",
-            "--num-concurrent",
-            "2",
-            "--quick",
-            "--batch-window-ms",
-            "5",
-            "--configurations",
-            "none:1,cfg:2",
-            "--replicas",
-            "2",
-            "--out",
-            str(tmp_path),
-        ]
+    flags = (
+        "--preset tiny --device cpu --dtype float32 --num-steps 3 --num-concurrent 2 --quick --batch-window-ms 5"
+        " --configurations none:1,cfg:2 --replicas 2"
     )
+    report = main([*flags.split(), "--out", str(tmp_path)])
     rows = {(row["mode"], row["degree"]): row for row in report["results"]}
     assert set(rows) == {("none", 1), ("cfg", 2), ("replicas", 2)}
     assert all(row["concurrent_s"] > 0 for row in rows.values()) and rows[("cfg", 2)]["one_request_s"] > 0
