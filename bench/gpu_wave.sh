@@ -96,9 +96,11 @@ bench_formats() {  # FORMATS [flags]: REST at 64 in each format, REQUESTS a leve
 case $stage in
   tests)
     status=0
-    python3 -m pytest -q -m gpu tests/talker tests/vocoder tests/runtime tests/diffusion \
+    # -v: a test's name and outcome once it ends, so a run cut short shows which test was still running (a compiled
+    # case compiles for minutes; a bare `...` cut off mid-compile was once read as a failure).
+    python3 -m pytest -v --durations=10 -m gpu tests/talker tests/vocoder tests/runtime tests/diffusion \
       --ignore=tests/diffusion/parallel 2>&1 | tee "$out/gpu-tests.log" || status=1
-    python3 -m pytest -q tests/talker/test_decode_kernels.py tests/talker/test_kv_blocks.py 2>&1 \
+    python3 -m pytest -v tests/talker/test_decode_kernels.py tests/talker/test_kv_blocks.py 2>&1 \
       | tee -a "$out/gpu-tests.log" || status=1
     exit $status
     ;;
