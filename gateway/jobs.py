@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 from collections.abc import AsyncIterator
 from pathlib import PurePath
 
@@ -65,11 +66,13 @@ async def _start(
     request_id: str,
     spec: RunSpec,
     is_detachable: bool,
+    arrived_s: float,
     text_deltas: AsyncIterator[str] | None = None,
     **record_fields: str,
 ) -> RequestRecord:
     """Creates the request's record and its run in one step and starts the run here; with an
-    `idempotency_key` a concurrent twin claimed meanwhile, the twin's request instead."""
+    `idempotency_key` a concurrent twin claimed meanwhile, the twin's request instead. `arrived_s` (time.time()):
+    when the request reached this process, before its admission (the run's `arrived` mark)."""
     try:
         if text_deltas is not None and ctx.broker.is_draining:  # its text streams in here: no other process can run it
             raise Unavailable(DRAINING)
@@ -85,8 +88,10 @@ async def _start(
     if not is_new:
         await slot.aclose()
         return await ctx.requests.get(value)
+    run = build_run(ctx, request_id, spec, text_deltas=text_deltas)
+    run.mark("arrived", arrived_s)
     # Handed to the other processes unstarted if the drain began while it waited for its slot.
-    await ctx.broker.start_run(build_run(ctx, request_id, spec, text_deltas=text_deltas), value, slot, is_detachable)
+    await ctx.broker.start_run(run, value, slot, is_detachable)
     return record
 
 
@@ -94,6 +99,7 @@ async def start_generation(
     ctx: GatewayContext, body: GenerationRequest, owner: str, idempotency_key: str | None, is_detachable: bool
 ) -> RequestRecord:
     """Admits and starts a text-to-audio request; with a known `idempotency_key`, the earlier request."""
+    arrived_s = time.time()
     ctx.require_backends("diffusion")
     if body.model != DIFFUSION_MODEL:
         raise NotFound(f"model {body.model!r} not found; text-to-audio serves {DIFFUSION_MODEL!r}")
@@ -116,7 +122,7 @@ async def start_generation(
     )
     spec = GenerationSpec(request, body.response_format)
     fields = {"kind": "audio", "model": body.model, "response_format": body.response_format}
-    return await _start(ctx, admitted, owner, idempotency_key, request_id, spec, is_detachable, **fields)
+    return await _start(ctx, admitted, owner, idempotency_key, request_id, spec, is_detachable, arrived_s, **fields)
 
 
 def _seed(requested: int | None) -> int:
@@ -216,6 +222,7 @@ async def start_speech(
     With `text_deltas`, `body.input` is only the start of the text: the rest streams in (one
     segment, the talker's streaming-text layout) until the iterator ends.
     """
+    arrived_s = time.time()
     saved_voice = await check_speech_target(ctx, owner, body)
     fields = {"kind": "speech", "model": body.model, "voice": body.voice or "", "response_format": body.response_format}
     admitted = await _admit(ctx, ("talker", "vocoder"), owner, idempotency_key)
@@ -243,7 +250,7 @@ async def start_speech(
         segments = [talker_pb2.SynthesisRequest(request_id=f"{request_id}.0", text=body.input)]
         segments[0].MergeFrom(base)
     spec = SpeechSpec(segments, body.response_format, body.speed, streams_text=text_deltas is not None)
-    return await _start(ctx, admitted, owner, idempotency_key, request_id, spec, True, text_deltas, **fields)
+    return await _start(ctx, admitted, owner, idempotency_key, request_id, spec, True, arrived_s, text_deltas, **fields)
 
 
 async def follow_record(ctx: GatewayContext, request_id: str) -> AsyncIterator[RequestRecord]:

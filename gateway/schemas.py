@@ -206,8 +206,10 @@ class RequestView(BaseModel):
     progress: dict | None = Field(None, description="Text-to-audio: {step, num_steps} of the diffusion run.")
     timeline: dict | None = Field(
         None,
-        description="Text-to-audio: milliseconds from admission to each stage of the run, in order: admitted_ms (0), "
-        "started_ms, dispatched_ms (stream to a diffusion replica opened), first_step_ms (its first progress), "
-        "engine_done_ms (its Final), encoded_ms, journaled_ms, finished_ms. The service's own timings are in "
-        "usage.timings (queue_ms, first_output_ms, total_ms).",
+        description="Milliseconds from admission to each stage of the run, in order: arrived_ms (when the request "
+        "reached the gateway, negative: its wait for admission), admitted_ms (0), started_ms, then text-to-audio's "
+        "dispatched_ms (stream to a diffusion replica opened), first_step_ms (its first progress), engine_done_ms "
+        "(its Final), encoded_ms, journaled_ms, or speech's first_frame_ms, first_pcm_ms, first_audio_ms (its first "
+        "codec frames, PCM and journaled bytes), and finished_ms. The service's own timings are in usage.timings "
+        "(queue_ms, first_output_ms, total_ms).",
     )

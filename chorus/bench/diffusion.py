@@ -75,8 +75,9 @@ def request_breakdown(latency_s: float, record: dict) -> dict:
     latency_ms = latency_s * 1000
     pairs = itertools.pairwise(timeline.items())
     stages = {name.removesuffix("_ms"): at_ms - before_ms for (_, before_ms), (name, at_ms) in pairs}
-    if timeline:
-        stages["client"] = latency_ms - list(timeline.values())[-1]
+    if timeline:  # the client's share: what the timeline, from arrival (or admission) to the end, does not cover
+        marks = list(timeline.values())
+        stages["client"] = latency_ms - (marks[-1] - marks[0])
     breakdown = {
         "latency_ms": round(latency_ms, 1),
         "timeline": timeline,

@@ -112,11 +112,14 @@ class RequestRecord:
 
     def timeline_ms(self) -> dict[str, float] | None:
         """Milliseconds from admission to each stage the run marked, in order, between `started` and `finished`
-        (None for runs that mark none). Stamps are wall-clock: a run taken over by a process on another host
-        adds that host's clock offset to its stages."""
+        (None for runs that mark none); `arrived`, when the request reached the gateway, comes first, negative (its
+        wait for admission). Stamps are wall-clock: a run taken over by a process on another host adds that host's
+        clock offset to its stages."""
         if self.timeline is None:
             return None
-        stamps = {"admitted": self.created_at_s, "started": self.started_at_s, **self.timeline}
+        stages = dict(self.timeline)
+        arrived = {"arrived": stages.pop("arrived")} if "arrived" in stages else {}
+        stamps = {**arrived, "admitted": self.created_at_s, "started": self.started_at_s, **stages}
         stamps["finished"] = self.finished_at_s
         since_admission = {stage: at_s - self.created_at_s for stage, at_s in stamps.items() if at_s is not None}
         return {f"{stage}_ms": round(elapsed_s * 1000, 1) for stage, elapsed_s in since_admission.items()}

@@ -9,11 +9,20 @@ from chorus.bench.ttfp import STAGES, sampled, ttfp_stages
 
 
 def test_the_stages_add_up_to_the_clients_ttfp():
-    timeline = {"admitted_ms": 0.0, "started_ms": 1.5, "first_frame_ms": 12.0, "first_pcm_ms": 17.5,
+    timeline = {"arrived_ms": -2.5, "admitted_ms": 0.0, "started_ms": 1.5, "first_frame_ms": 12.0, "first_pcm_ms": 17.5,
                 "first_audio_ms": 19.0, "finished_ms": 900.0}  # fmt: skip
     split = ttfp_stages(23.0, timeline)
     assert list(split) == list(STAGES)
-    assert split == pytest.approx({"start": 1.5, "talker": 10.5, "vocoder": 5.5, "encode_journal": 1.5, "client": 4.0})
+    expected = {"admission": 2.5, "start": 1.5, "talker": 10.5, "vocoder": 5.5, "encode_journal": 1.5, "client": 1.5}
+    assert split == pytest.approx(expected)
+    assert sum(split.values()) == pytest.approx(23.0)
+
+
+def test_without_the_arrival_mark_the_client_keeps_the_admission_wait():
+    timeline = {"admitted_ms": 0.0, "started_ms": 1.5, "first_frame_ms": 12.0, "first_pcm_ms": 17.5,
+                "first_audio_ms": 19.0}  # fmt: skip
+    split = ttfp_stages(23.0, timeline)
+    assert "admission" not in split and split["client"] == pytest.approx(4.0)
     assert sum(split.values()) == pytest.approx(23.0)
 
 

@@ -117,7 +117,8 @@ async def test_sync_wav_carries_the_diffusion_services_audio(stack):
     assert record["progress"] == {"step": 3, "num_steps": 3}
 
 
-TIMELINE = ["admitted", "started", "dispatched", "first_step", "engine_done", "encoded", "journaled", "finished"]
+TIMELINE = ["arrived", "admitted", "started", "dispatched", "first_step", "engine_done", "encoded", "journaled"]
+TIMELINE.append("finished")
 
 
 async def test_a_finished_request_has_its_timeline_in_order(stack):

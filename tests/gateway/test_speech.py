@@ -260,3 +260,31 @@ async def test_a_full_talker_queue_reaches_the_client_as_429(start_gateway, redi
         assert refused.status_code == 429, refused.text
         assert refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["type"] == "rate_limit_error"
+
+
+async def test_a_requests_wait_for_admission_is_on_its_timeline(start_gateway, redis_url, tmp_path):
+    """`arrived_ms`, negative: how long before its admission a request reached the gateway. With the only talker slot
+    taken, a second request waits until the first is given up (its reader gone, then the detach grace)."""
+    talker = {"max_frames": 200}
+    async with speech_stack(start_gateway, redis_url, str(tmp_path), talker, talker_max_in_flight=1) as (_, http, *_):
+        async with http.stream("POST", "/v1/audio/speech", json=speech(response_format="pcm", max_frames=200)) as first:
+            assert first.status_code == 200
+            await anext(first.aiter_bytes())
+            waiting = asyncio.create_task(http.post("/v1/audio/speech", json=speech(response_format="pcm")))
+            await asyncio.sleep(0.3)
+            assert not waiting.done(), "the second request took a slot that was not free"
+            first_id = first.headers["x-request-id"]
+        second = await asyncio.wait_for(waiting, timeout=30)
+        assert second.status_code == 200, second.text
+        timelines = {}
+        for request_id in (first_id, second.headers["x-request-id"]):
+            for _ in range(100):  # the first run's record is written once its cancellation is done
+                record = (await http.get(f"/v1/requests/{request_id}")).json()
+                if record["timeline"] is not None:
+                    break
+                await asyncio.sleep(0.05)
+            timelines[request_id] = record["timeline"]
+    first_timeline, second_timeline = timelines.values()
+    assert list(first_timeline)[:2] == ["arrived_ms", "admitted_ms"]
+    assert -100 < first_timeline["arrived_ms"] <= 0, first_timeline
+    assert second_timeline["arrived_ms"] <= -300, second_timeline
