@@ -89,8 +89,11 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                 # handler returned. What ended the stream is raised, unless a bad message of the feeder ended it.
                 ended_by_feeder = isinstance(exc, StreamEnded) and feeder.done() and not feeder.cancelled()
                 await cancel_and_wait([feeder], "decode feeder")
-                if ended_by_feeder and feeder.exception() is not None:
-                    raise feeder.exception() from None
+                # Read even when not raised (the call given up where it yielded, after its input ended): an error
+                # never read is logged as "Task exception was never retrieved" when the task is collected.
+                feeder_error = feeder.exception() if feeder.done() and not feeder.cancelled() else None
+                if ended_by_feeder and feeder_error is not None:
+                    raise feeder_error from None
                 raise
             await cancel_and_join(feeder, "decode feeder")  # done after `end_of_input`: raises its error, if any
             num_frames = stream.num_frames_decoded

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import grpc
 import numpy as np
@@ -233,3 +234,32 @@ async def test_encode_returns_codes_and_get_load_reports_slots(vocoder):
     assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     load = await stub.GetLoad(common_pb2.GetLoadRequest())
     assert load.live_streams == 0 and load.free_slots == 4
+
+
+async def test_a_call_given_up_after_its_input_ended_leaves_no_unretrieved_error(codes, caplog):
+    """A cancelled call's input ends first (its feeder then fails: no `end_of_input`), then the handler is closed
+    where it yielded: the feeder's error must be retrieved there, not logged as "Task exception was never
+    retrieved" at garbage collection for every client that went away."""
+    config = VocoderConfig(device="cpu", metrics_port=-1, max_streams=4, grace_s=1.0)
+    service = VocoderService(config)
+    host = ServiceHost(config, service)
+    await host.start()
+    first_read = asyncio.Event()
+
+    async def messages():
+        yield vocoder_pb2.DecodeInput(open=vocoder_pb2.DecodeOpen(request_id="gone", format=F32))
+        yield vocoder_pb2.DecodeInput(chunk=codes_to_chunk(codes[:3], 0, 0))
+        await first_read.wait()  # then the input ends
+
+    try:
+        async with asyncio.timeout(10):
+            outputs = VocoderServicer(service).Decode(messages(), context=None)
+            assert (await anext(outputs)).WhichOneof("output") == "pcm"
+            first_read.set()
+            await until_no_live_streams(service.engine)  # the feeder failed and closed the stream
+            await outputs.aclose()  # the call is given up where it yielded
+            gc.collect()
+            await asyncio.sleep(0)
+    finally:
+        await host.stop()
+    assert "never retrieved" not in caplog.text
