@@ -19,6 +19,7 @@ import torch
 from chorus.talker.engine.host_mirror import HostMirror
 from chorus.talker.engine.kv_blocks import BLOCK_SIZE, SPARE_BLOCK, KVBlocks, blocks_for
 from chorus.talker.engine.prefill import LENGTH_BUCKETS, PaddedPrefill
+from chorus.talker.models.qwen3_layers import compile_for_decode
 from chorus.talker.models.qwen3_tts_talker import Qwen3TTSModel
 from chorus.talker.models.speaker_encoder import log_mel_spectrogram
 from chorus.talker.prompt import embed_prompts
@@ -221,10 +222,10 @@ class TalkerRunner:
         talker.code_predictor.model.optimize_for_decode(few_rows_matmul)
         # A frame's 16 embedding lookups as one gather from one table, and their sum, compiled (eager: 18 launches).
         talker.fuse_frame_embeddings()
-        talker.embed_frame = torch.compile(talker.embed_frame, dynamic=True, fullgraph=True)
-        self._sample_code0 = torch.compile(sample_code0, dynamic=True, fullgraph=True)
-        self._sample_code_and_embed = torch.compile(sample_code_and_embed, dynamic=True, fullgraph=True)
-        self._advance_rows = torch.compile(advance_rows, dynamic=True, fullgraph=True)  # 3 kernels, not 11
+        talker.embed_frame = compile_for_decode(talker.embed_frame)
+        self._sample_code0 = compile_for_decode(sample_code0)
+        self._sample_code_and_embed = compile_for_decode(sample_code_and_embed)
+        self._advance_rows = compile_for_decode(advance_rows)  # 3 kernels, not 11
 
     def warmup(self, capture_positions: int | None = None) -> None:
         """Before the service reports SERVING: run prefills of one and of several rows (compiling their shape
