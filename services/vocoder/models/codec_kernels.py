@@ -15,7 +15,12 @@ NHWC. So the fused path keeps its activations channels-last ((B, C, T) with (B, 
 the layout of its input (`new_activation`), and the kernels work on [samples × channels] tiles whose memory is
 contiguous along whichever axis has stride 1, so either layout is read and written coalesced.
 
-Every kernel computes in fp32 registers and rounds once to the output dtype. In bf16 the fused path differs from
+Every kernel computes in fp32 registers and rounds once to the output dtype. For a 16-bit output the snake takes
+its sine from the GPU's special-function unit instead of libdevice's exact `sinf`, whose ~40 instructions made the
+kernel compute-bound: 0.48 against 0.42 ms for 64 streams × 96 channels × 48,000 samples in bf16 on an H100, where a
+plain copy of the same tensor takes 0.42 (`bench/snake_sine_probe.py`). sin² has period π, so the argument is first
+reduced to [−π/2, π/2], where the unit's error is ~2⁻²¹: outputs differed from the exact sine's in 0.007–0.013 % of
+bf16 elements, by one unit in the last place. fp32 outputs keep the exact sine. In bf16 the fused path differs from
 the eager chain only by that chain's intermediate roundings: a bias is added in fp32 to the conv's output and
 rounded with the kernel's result, where eager rounds `conv + bias` first, and a residual sum
 `(hidden + bias) + (update + bias)` is rounded once, where eager rounds each sum.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice
 
 # A program's tile: 2048 elements of one batch row, 32 channels × 64 samples where there are 32 channels or more (the
 # released counts, 1024 and 96 · 2^k, are multiples of 32: a tile row is 64 contiguous bf16 bytes channels-last, 128
@@ -67,6 +73,19 @@ def _per_channel(ptr, channels, in_channels):
 
 
 @triton.jit
+def _sin_squared(y, FAST: tl.constexpr):
+    """sin²(y); FAST: from the special-function unit, after reducing y by its period π (see the module's notes)."""
+    if FAST:
+        turns = libdevice.rint(y * 0.3183098861837907)  # 1/π
+        # π in two parts, the first of 8 bits, so `turns · 3.140625` is exact for |y| up to ~10⁵.
+        reduced = y - turns * 3.140625 - turns * 9.676535897932795e-4
+        wave = libdevice.fast_sinf(reduced)
+    else:
+        wave = tl.sin(y)
+    return wave * wave
+
+
+@triton.jit
 def _snake_kernel(
     x_ptr,
     bias_ptr,
@@ -82,6 +101,7 @@ def _snake_kernel(
     out_stride_c,
     out_stride_t,
     HAS_BIAS: tl.constexpr,
+    FAST_SIN: tl.constexpr,
     BLOCK_SAMPLES: tl.constexpr,
     BLOCK_CHANNELS: tl.constexpr,
 ):
@@ -98,8 +118,7 @@ def _snake_kernel(
     # call (casts, exps, add, reciprocal), ~170 of a chunk decode's ~840 kernels.
     alpha = tl.exp(_per_channel(log_alpha_ptr, channels, in_channels))
     inv_beta = 1.0 / (tl.exp(_per_channel(log_beta_ptr, channels, in_channels)) + 1e-9)
-    wave = tl.sin(x * alpha)
-    snake = x + inv_beta * wave * wave
+    snake = x + inv_beta * _sin_squared(x * alpha, FAST_SIN)
     out_ptrs = _tile_pointers(out_ptr, batch, channels, samples, out_stride_b, out_stride_c, out_stride_t)
     tl.store(out_ptrs, snake.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -184,6 +203,7 @@ def snake(
         *hidden.stride(),
         *out.stride(),
         HAS_BIAS=bias is not None,
+        FAST_SIN=out.dtype != torch.float32,
         **tile,
     )
     return out
