@@ -53,7 +53,8 @@ export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONSAFEPATH=1
 cli=(python3 -c "import sys; from chorus.cli import main; sys.exit(main())")  # pip --target may leave no bin/chorus
 chorus() { "${cli[@]}" "$@"; }
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
-export CHORUS_COMMIT=${CHORUS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# -dirty when the tree differs from the commit (the device's copy of the history can be older than its tree).
+export CHORUS_COMMIT=${CHORUS_COMMIT:-$(git describe --always --dirty --abbrev=7 --exclude='*' 2>/dev/null || echo unknown)}
 label="${device:-CPU}, commit $CHORUS_COMMIT"
 logs=$(mktemp -d)
 

@@ -46,12 +46,14 @@ def checked(row: dict, path: tuple[str, ...], bound: float, kind: str) -> tuple[
     return value, value is not None and (value <= bound if kind == "max" else value >= bound)
 
 
-def commit() -> str:
-    """The commit measured: CHORUS_COMMIT where set (the GPU machine gets a copy of the tree without its history),
-    else the checkout's."""
+def commit(repo: Path = REPO) -> str:
+    """The commit measured: CHORUS_COMMIT where set (the GPU machine gets a copy of the tree whose history may be
+    older than the tree), else the checkout's, with `-dirty` when its tracked files differ from that commit (a
+    result labelled with a commit whose code did not run would mislead)."""
     if os.environ.get("CHORUS_COMMIT"):
         return os.environ["CHORUS_COMMIT"]
-    completed = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    command = ["git", "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"]  # a short hash, never a tag
+    completed = subprocess.run(command, cwd=repo, capture_output=True, text=True)
     return completed.stdout.strip() or "unknown"
 
 
