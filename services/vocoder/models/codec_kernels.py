@@ -15,14 +15,14 @@ NHWC. So the fused path keeps its activations channels-last ((B, C, T) with (B, 
 the layout of its input (`new_activation`), and the kernels work on [samples × channels] tiles whose memory is
 contiguous along whichever axis has stride 1, so either layout is read and written coalesced.
 
-Every kernel computes in fp32 registers and rounds once to the output dtype. For a 16-bit output the snake takes
-its sine from the GPU's special-function unit instead of libdevice's exact `sinf`, whose ~40 instructions made the
-kernel compute-bound: 0.48 against 0.42 ms for 64 streams × 96 channels × 48,000 samples in bf16 on an H100, where a
-plain copy of the same tensor takes 0.42 (`bench/snake_sine_probe.py`). sin² has period π, so the argument is first
-reduced to [−π/2, π/2], where the unit's error is ~2⁻²¹: outputs differed from the exact sine's in 0.007–0.013 % of
-bf16 elements, by one unit in the last place. fp32 outputs keep the exact sine. In bf16 the fused path differs from
-the eager chain only by that chain's intermediate roundings: a bias is added in fp32 to the conv's output and
-rounded with the kernel's result, where eager rounds `conv + bias` first, and a residual sum
+Every kernel computes in fp32 registers and rounds once to the output dtype. For a 16-bit output the snake takes its
+sine from the GPU's special-function unit instead of libdevice's exact `sinf`, whose ~40 instructions made the kernel
+compute-bound: 0.48 ms against 0.34 for 64 streams × 96 channels × 48,000 samples in bf16 on an H200, where a plain copy
+of the same tensor takes 0.28 (`bench/snake_sine_probe.py`, bench/results/snake-sine-a81211a.json). sin² has period π,
+so the argument is first reduced to [−π/2, π/2], where the unit's error is ~2⁻²¹: 0.007–0.009 % of the bf16 outputs
+round differently from the exact sine's, by one unit in the last place. fp32 outputs keep the exact sine. In bf16 the
+fused path differs from the eager chain only by that chain's intermediate roundings: a bias is added in fp32 to the
+conv's output and rounded with the kernel's result, where eager rounds `conv + bias` first, and a residual sum
 `(hidden + bias) + (update + bias)` is rounded once, where eager rounds each sum.
 """
 
