@@ -26,6 +26,7 @@ from chorus.gateway.state.cancel import CancelListener
 from chorus.gateway.state.frames import FrameJournal, SegmentFrames
 from chorus.gateway.state.journal import JournalPosition, OutputJournal
 from chorus.gateway.state.requests import RequestStore
+from chorus.runtime.tasks import raise_if_cancel_lost
 from chorus.v1 import common_pb2, talker_pb2
 from chorus.wire import chunk_to_pcm
 
@@ -59,6 +60,9 @@ class _SegmentSink:
 
     async def frames(self, offset: int, codes: bytes) -> None:
         await self.journal.append(self.request_id, self.segment, offset, codes)
+        # The talker side awaits this for every chunk: a cancel that the Redis command lost would leave it reading
+        # its talker stream, holding a talker slot, until the re-cancel a second later.
+        raise_if_cancel_lost()
 
     async def finished(self, num_frames: int) -> None:
         await self.journal.finish(self.request_id, self.segment, num_frames)

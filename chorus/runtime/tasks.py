@@ -7,6 +7,10 @@ A task looping over Redis commands (the gateway's run broker, its cancel listene
 cancel still pending after `recancel_after_s` is taken as lost and sent again; cancelling at once a task that
 is already cancelling would instead cut the cleanup its first cancel started.
 
+A task whose hot loop awaits Redis (the speech pipeline's talker side journals every chunk of frames) calls
+`raise_if_cancel_lost` after each command instead: it stops at once rather than a re-cancel later, while its
+stream keeps the backends busy.
+
 A task stopping one of its own (`cancel_and_join`) must not swallow a cancel of itself: `task.cancel()` then
 `await task` under `suppress(CancelledError)` does, since a cancel of a task awaiting another is passed on to
 the one awaited, whose CancelledError is then all the caller sees. `asyncio.wait` is cancelled instead.
@@ -53,6 +57,15 @@ async def cancel_and_join(task: asyncio.Task, what: str) -> None:
     await cancel_and_wait([task], what)
     if task.done() and not task.cancelled() and task.exception() is not None:
         raise task.exception()
+
+
+def raise_if_cancel_lost() -> None:
+    """After an await that can lose a cancel on Python 3.11 (a redis-py command): raise the cancel the calling task
+    was sent and did not get. Only where that task never goes on by choice after a cancel (not in a cleanup that
+    caught one)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _stack(task: asyncio.Task) -> str:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from chorus.runtime.tasks import cancel_and_join, cancel_and_wait
+from chorus.runtime.tasks import cancel_and_join, cancel_and_wait, raise_if_cancel_lost
 
 
 async def test_a_cancel_that_wait_for_dropped_is_sent_again():
@@ -35,6 +35,27 @@ async def test_a_cancel_that_wait_for_dropped_is_sent_again():
     async with asyncio.timeout(5):
         assert await cancel_and_wait([task], "poller", recancel_after_s=0.05)
     assert task.cancelled()
+
+
+async def test_a_loop_that_checks_after_each_command_stops_on_a_cancel_wait_for_dropped():
+    replies: list[asyncio.Future] = []
+    waiting = asyncio.Event()
+
+    async def journal_frames():  # the speech pipeline's talker side: a Redis command for every chunk
+        while True:
+            replies.append(asyncio.get_running_loop().create_future())
+            waiting.set()
+            await asyncio.wait_for(replies[-1], timeout=10)
+            raise_if_cancel_lost()
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(journal_frames())
+    await waiting.wait()
+    replies[-1].set_result(None)  # the reply and the cancel land in the same loop iteration
+    task.cancel()
+    async with asyncio.timeout(5):
+        await asyncio.wait({task})
+    assert task.cancelled() and len(replies) == 1  # stopped after that command, no re-cancel needed
 
 
 async def test_a_task_already_cancelling_finishes_its_cleanup():
