@@ -104,7 +104,10 @@ async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, r
         assert stages["requests"] == 3 and list(stages["p50_ms"]) == list(STAGES), stages
         assert stages["p50_ms"]["admission"] >= 0, stages  # no wait for a slot at this load: about 0
         assert all(ms > 0 for stage, ms in stages["p50_ms"].items() if stage != "admission"), stages
-        assert sum(stages["p50_ms"].values()) == pytest.approx(level["ttfp_ms"]["p50"], rel=0.3), stages
+        # Each request's parts add up to its own TTFP (test_bench_ttfp.py); the medians of three requests' parts need
+        # not add up to the median TTFP, but a stage's median of three non-negative parts is at most half their sum,
+        # so the medians add up to at most half the three TTFPs t1 ≤ t2 ≤ t3, so to t2 + t3 / 2: below 1.5 × the p99.
+        assert sum(stages["p50_ms"].values()) <= 1.5 * level["ttfp_ms"]["p99"], stages
     path = write(tmp_path, "tts", {"concurrency": [1, 2]}, levels, tts.check_targets(levels), "cpu test")
     report = json.loads(path.read_text())
     assert report["levels"] == levels and report["targets"][0]["metric"] == "ttfp_ms.p50"
