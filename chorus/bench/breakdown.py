@@ -3,9 +3,9 @@ decodes, how busy each kept its process, and the host CPU of the speech process(
 
 The figures are deltas between two snapshots, one just before the level and one just after it: the speech
 services' Prometheus counters (talker steps, step and prefill seconds, the prefills' engine-thread CPU seconds,
-frames, prefills; the vocoder's decode seconds and batch-size histograms, audio seconds) and each process's CPU
-time from /proc. So the bench must run on the stack's machine; otherwise (a remote gateway or backend) the level
-says why it has none.
+frames, rows computed, prefills, the queue and first-frame time histograms; the vocoder's decode seconds and
+batch-size histograms, idle rows, audio seconds) and each process's CPU time from /proc. So the bench must run on
+the stack's machine; otherwise (a remote gateway or backend) the level says why it has none.
 
 `talker_plus_vocoder_busy_fraction` is the sum of the talker's busy fractions (steps and prefills) and the
 vocoder's. When the two share a GPU it bounds their overlap, it does not measure it: near 1 they may simply
@@ -78,6 +78,8 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
     decode_s = delta.get("chorus_vocoder_decode_seconds_sum", 0.0)
     chunks = delta.get("chorus_vocoder_batch_size_sum", 0.0)  # one per stream in each batch
     audio_s = delta.get("chorus_vocoder_audio_seconds_total", 0.0)
+    idle_rows = delta.get("chorus_vocoder_idle_rows_total", 0.0)
+    started = delta.get("chorus_talker_queue_seconds_count", 0.0)  # requests whose first frame came
     speech_cpu_s = after.speech_cpu_s - before.speech_cpu_s
     gateway_cpu_s = after.gateway_cpu_s - before.gateway_cpu_s
     talker_wall_s = wall_s * len(processes.talker_pids)
@@ -92,14 +94,20 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
         "talker_steps": round(steps),
         "talker_step_ms": _ratio(step_s * 1e3, steps),
         "talker_mean_batch_size": _ratio(delta.get("chorus_talker_frames_total", 0.0), steps),
+        "talker_mean_rows_computed": _ratio(delta.get("chorus_talker_rows_computed_total", 0.0), steps),
         "talker_step_busy_fraction": busy[0],
         "talker_prefills": round(prefills),
         "talker_prefill_ms_per_request": _ratio(prefill_s * 1e3, prefills),
         "talker_prefill_cpu_ms_per_request": _ratio(prefill_cpu_s * 1e3, prefills),
         "talker_prefill_busy_fraction": busy[1],
+        "talker_queue_ms_mean": _ratio(delta.get("chorus_talker_queue_seconds_sum", 0.0) * 1e3, started),
+        "talker_first_frame_ms_mean": _ratio(
+            delta.get("chorus_talker_time_to_first_frame_seconds_sum", 0.0) * 1e3, started
+        ),
         "vocoder_batches": round(batches),
         "vocoder_decode_ms_per_batch": _ratio(decode_s * 1e3, batches),
         "vocoder_mean_batch_size": _ratio(chunks, batches),
+        "vocoder_idle_row_fraction": _ratio(idle_rows, chunks + idle_rows),
         "vocoder_busy_fraction": busy[2],
         "vocoder_chunks": round(chunks),
         "vocoder_audio_s": round(audio_s, 3),

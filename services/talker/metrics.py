@@ -33,6 +33,12 @@ class TalkerCollector(Collector):
         yield CounterMetricFamily(
             "chorus_talker_frames", "Codec frames produced (12.5 per audio second).", stats.frames
         )
+        yield CounterMetricFamily(
+            "chorus_talker_rows_computed",
+            "Rows the decode steps computed (against frames: idle slots below live ones, padding up to a graph's "
+            "batch size).",
+            stats.rows_computed,
+        )
         yield CounterMetricFamily("chorus_talker_prefills", "Requests prefilled.", stats.prefills)
         yield CounterMetricFamily(
             "chorus_talker_prefill_seconds",

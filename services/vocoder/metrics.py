@@ -1,4 +1,4 @@
-"""Vocoder metrics: decode time per batched chunk, batch size, audio produced, live streams and state."""
+"""Vocoder metrics: decode time per batched chunk, batch size and idle rows, audio produced, live streams and state."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ DECODE_SECONDS = Histogram(
 )
 BATCH_SIZE = Histogram(
     "chorus_vocoder_batch_size", "Streams decoded together in one forward.", buckets=(1, 2, 4, 8, 16, 32, 64, 128)
+)
+IDLE_ROWS = Counter(
+    "chorus_vocoder_idle_rows",
+    "Rows a batched forward computed for no stream: its batch padded up to a captured graph's size.",
 )
 AUDIO_SECONDS = Counter("chorus_vocoder_audio_seconds", "Seconds of audio decoded (rate = audio seconds per second).")
 LIVE_STREAMS = Gauge("chorus_vocoder_live_streams", "Decode streams holding decoder state.")

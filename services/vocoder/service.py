@@ -22,6 +22,7 @@ from chorus.wire import chunk_to_codes, codes_to_chunk, pcm_to_chunk
 def _record_batch(report: BatchReport) -> None:
     metrics.DECODE_SECONDS.observe(report.decode_s)
     metrics.BATCH_SIZE.observe(report.batch_size)
+    metrics.IDLE_ROWS.inc(report.num_rows - report.batch_size)
     metrics.AUDIO_SECONDS.inc(report.audio_s)
 
 

@@ -42,8 +42,10 @@ def test_a_metrics_page_becomes_sample_values_summed_over_labels_without_buckets
     }
 
 
-def _snapshot(at_s, steps, step_s, frames, prefills, prefill_s, batches, decode_s, chunks, audio_s, speech, gateway):
-    metrics = {
+def _snapshot(
+    at_s, steps, step_s, frames, prefills, prefill_s, batches, decode_s, chunks, audio_s, speech, gateway, **more
+):
+    metrics = more | {
         "chorus_talker_steps_total": steps,
         "chorus_talker_step_seconds_total": step_s,
         "chorus_talker_frames_total": frames,
@@ -59,12 +61,27 @@ def _snapshot(at_s, steps, step_s, frames, prefills, prefill_s, batches, decode_
     return Snapshot(at_s, metrics, speech, gateway)
 
 
+def _more(rows_computed, first_frames, queue_s, first_frame_s, idle_rows) -> dict[str, float]:
+    return {
+        "chorus_talker_rows_computed_total": rows_computed,
+        "chorus_talker_queue_seconds_count": first_frames,
+        "chorus_talker_queue_seconds_sum": queue_s,
+        "chorus_talker_time_to_first_frame_seconds_count": first_frames,
+        "chorus_talker_time_to_first_frame_seconds_sum": first_frame_s,
+        "chorus_vocoder_idle_rows_total": idle_rows,
+    }
+
+
 def test_the_breakdown_of_a_level_is_the_deltas_between_its_snapshots():
     # 10 s of wall: 1000 steps of 6 ms carrying 16 frames each, 40 prefills of 25 ms, 250 vocoder batches of
     # 8 ms carrying 4 chunks each (1000 chunks, 2 frames of 80 ms: 160 s of audio); 9 CPU s in the speech
     # process, 3 in the gateway's two workers.
-    before = _snapshot(100.0, 500, 2.0, 4000, 10, 0.5, 100, 1.0, 300, 50.0, 20.0, 5.0)
-    after = _snapshot(110.0, 1500, 8.0, 20000, 50, 1.5, 350, 3.0, 1300, 210.0, 29.0, 8.0)
+    # The steps computed 20 rows each; the 40 requests waited 50 ms for their prefill and 100 ms for their first
+    # frame; the vocoder's forwards computed 250 idle rows.
+    before = _snapshot(100.0, 500, 2.0, 4000, 10, 0.5, 100, 1.0, 300, 50.0, 20.0, 5.0, **_more(0, 0, 0, 0, 0))
+    after = _snapshot(
+        110.0, 1500, 8.0, 20000, 50, 1.5, 350, 3.0, 1300, 210.0, 29.0, 8.0, **_more(20000, 40, 2.0, 4.0, 250)
+    )
     processes = Processes(frozenset({7}), frozenset({7}), frozenset({8, 9}))
     assert breakdown(before, after, processes) == {
         "wall_s": 10.0,
@@ -75,14 +92,18 @@ def test_the_breakdown_of_a_level_is_the_deltas_between_its_snapshots():
         "talker_steps": 1000,
         "talker_step_ms": 6.0,
         "talker_mean_batch_size": 16.0,
+        "talker_mean_rows_computed": 20.0,
         "talker_step_busy_fraction": 0.6,
         "talker_prefills": 40,
         "talker_prefill_ms_per_request": 25.0,
         "talker_prefill_cpu_ms_per_request": 15.0,
         "talker_prefill_busy_fraction": 0.1,
+        "talker_queue_ms_mean": 50.0,
+        "talker_first_frame_ms_mean": 100.0,
         "vocoder_batches": 250,
         "vocoder_decode_ms_per_batch": 8.0,
         "vocoder_mean_batch_size": 4.0,
+        "vocoder_idle_row_fraction": 0.2,
         "vocoder_busy_fraction": 0.2,
         "vocoder_chunks": 1000,
         "vocoder_audio_s": 160.0,

@@ -11,7 +11,14 @@ import torch
 from vocoder_helpers import random_codes, until_no_live_streams
 
 from chorus.runtime.errors import InvalidRequest, Overloaded, Unavailable
-from chorus.vocoder.engine.engine import BatchReport, DecodeEngine, DecodeStream, EngineSettings, StreamEnded
+from chorus.vocoder.engine.engine import (
+    BatchReport,
+    DecodeEngine,
+    DecodeStream,
+    EngineSettings,
+    StreamEnded,
+    batch_counts,
+)
 from chorus.vocoder.engine.runner import CodecRunner
 from chorus.vocoder.engine.stream import StreamStatus
 
@@ -86,8 +93,31 @@ async def test_chunks_are_decoded_in_the_allowed_piece_lengths_and_stay_exact(ti
         await engine.stop()
     assert status is StreamStatus.FINISHED
     assert {report.num_frames for report in reports} <= {1, 2, 4, 8}
-    assert sum(report.num_frames for report in reports) == 40
+    assert sum(report.audio_s for report in reports) == pytest.approx(40 * 0.08)
     assert np.abs(waveform - _one_shot(tiny_codec.decoder, codes)).max() <= 1e-5
+
+
+async def test_a_streams_last_frames_decode_as_one_padded_piece_and_stay_exact(tiny_codec):
+    """19 last frames, where 16 + 2 + 1 would take three decodes: one of 25 frames, whose last 6 are padding that
+    the causal decoder's 19 first frames of audio do not depend on."""
+    reports: list[BatchReport] = []
+    settings = EngineSettings(batch_window_s=0.0, piece_lengths=(1, 2, 4, 8, 16, 25))
+    engine = DecodeEngine(CodecRunner(tiny_codec.decoder, max_streams=2), settings, on_batch=reports.append)
+    await engine.start()
+    try:
+        codes = random_codes(44, seed=11)
+        async with engine.open_stream("r") as stream:
+            await stream.send(codes[0, :25].numpy())
+            assert (await anext(stream)).num_frames == 25
+            await stream.send(codes[0, 25:].numpy())
+            stream.end_input()
+            pieces = [piece async for piece in stream]
+    finally:
+        await engine.stop()
+    assert [(piece.num_frames, piece.waveform.shape[0]) for piece in pieces] == [(19, 19 * 1920)]
+    assert [(report.num_frames, report.audio_s) for report in reports[1:]] == [(25, pytest.approx(19 * 0.08))]
+    expected = _one_shot(tiny_codec.decoder, codes)[25 * 1920 :]
+    assert np.abs(pieces[0].waveform - expected).max() <= 1e-5
 
 
 async def test_context_codes_prime_without_output(engine, tiny_codec):
@@ -293,3 +323,49 @@ async def test_streams_well_ahead_of_their_listeners_share_a_sweep(tiny_codec):
             second.close()
         finally:
             await engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("urgent", "ahead", "counts"),
+    [
+        (0, 70, [64, 4]),  # the 2 left over wait for the next sweep
+        (3, 10, [8]),  # the urgent ones, then as many ahead as fill a size
+        (5, 1, [6]),  # urgent ones that need a batch padded up take the others into its padding
+        (70, 0, [64, 6]),  # every urgent piece goes
+        (0, 0, []),
+    ],
+)
+def test_a_sweep_takes_as_many_pieces_as_fill_whole_batch_sizes(urgent, ahead, counts):
+    settings = EngineSettings(max_batch_size=64, batch_sizes=(1, 2, 4, 8, 16, 32, 64))
+    assert batch_counts(urgent, ahead, settings) == counts
+
+
+def test_where_any_batch_size_goes_a_sweep_takes_every_piece():
+    assert batch_counts(3, 70, EngineSettings(max_batch_size=64)) == [64, 9]
+
+
+async def test_a_sweep_leaves_the_streams_beyond_a_whole_batch_size_to_the_next(tiny_codec):
+    """Three streams ahead of their listeners, batch sizes 1, 2 and 4: a sweep decodes two of their chunks together
+    rather than three in a batch padded to four, and the next sweep the third."""
+    codes = random_codes(54, seed=5, batch_size=3)
+    interval_s = 0.2
+    reports: list[BatchReport] = []
+    settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=interval_s, batch_sizes=(1, 2, 4))
+    engine = DecodeEngine(CodecRunner(tiny_codec.decoder, max_streams=4), settings, on_batch=reports.append)
+    await engine.start()
+    try:
+        streams = [engine.open_stream(f"s{index}") for index in range(3)]
+        for stream, stream_codes in zip(streams, codes, strict=True):  # 50 frames: 4 s of audio, ahead at once
+            await stream.send(stream_codes[:50].numpy())
+            while stream.num_frames_decoded < 50:
+                await anext(stream)
+        reports.clear()
+        for stream, stream_codes in zip(streams, codes, strict=True):
+            await stream.send(stream_codes[50:].numpy())
+        for stream in streams:
+            assert (await anext(stream)).num_frames == 4
+        assert [(report.batch_size, report.num_rows) for report in reports] == [(2, 2), (1, 1)]
+        for stream in streams:
+            stream.close()
+    finally:
+        await engine.stop()

@@ -85,6 +85,7 @@ class EngineStats:
 
     steps: int = 0
     frames: int = 0
+    rows_computed: int = 0  # rows the steps computed: active ones, then idle ones below them and up to a bucket
     last_step_ms: float = 0.0
     last_batch_size: int = 0
     step_ms_total: float = 0.0
@@ -379,6 +380,7 @@ class TalkerEngine:
         if launched is not None:
             elapsed_ms = launch_ms + (time.perf_counter() - collect_started) * 1000
             self.stats.steps += 1
+            self.stats.rows_computed += launched[0].num_rows
             self.stats.last_step_ms = elapsed_ms
             self.stats.step_ms_total += elapsed_ms
             self.stats.last_batch_size = len(decode)

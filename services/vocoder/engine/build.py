@@ -47,7 +47,8 @@ def build_engine(
 ) -> DecodeEngine:
     """A not-yet-started engine for `config` (call `await engine.start()`). On CUDA, graphs are captured for
     every (batch bucket, chunk length) in `graph_batch_sizes(settings.max_batch_size)` × `graph_chunk_frames`;
-    the engine cuts every chunk into those lengths (12 frames decode as 8 + 4), so no decode runs eager."""
+    the engine cuts every chunk into those lengths (12 frames decode as 8 + 4), so no decode runs eager, and fills
+    whole batch sizes where it can."""
     settings = settings or EngineSettings()
     device = resolve_device(config.device)
     codec = load_codec(config.model, load_format=config.load_format, device=device, dtype=resolve_dtype(config.dtype))
@@ -59,11 +60,12 @@ def build_engine(
         if codec.decoder.pre_conv.conv.weight.dtype == torch.float32:
             torch.backends.cudnn.allow_tf32 = False
     if is_graphed:
-        settings = dataclasses.replace(settings, piece_lengths=graph_chunk_frames)
+        batch_sizes = graph_batch_sizes(settings.max_batch_size)
+        settings = dataclasses.replace(settings, piece_lengths=graph_chunk_frames, batch_sizes=batch_sizes)
     runner = CodecRunner(
         codec.decoder,
         config.max_streams,
-        graph_batch_sizes=graph_batch_sizes(settings.max_batch_size) if is_graphed else (),
+        graph_batch_sizes=settings.batch_sizes,
         graph_chunk_frames=graph_chunk_frames if is_graphed else (),
     )
     return DecodeEngine(runner, settings, encoder=codec.encoder, on_batch=on_batch, stream_priority=stream_priority)

@@ -2,9 +2,9 @@
 
 The asyncio side only enqueues and consumes: `DecodeStream.send` queues frames, the engine task groups the
 pending chunks of all streams by length into batches (after a short window; chunks of streams well ahead of their
-listeners wait for a sweep that decodes them together), runs each batch off the event loop, and hands the audio
-to each stream's bounded output. A stream's decoder state is freed as soon as it finishes, is closed (cancelled)
-or goes idle past the timeout (abandoned).
+listeners wait for a sweep that decodes them together, in batches of the sizes the runner computes without idle
+rows), runs each batch off the event loop, and hands the audio to each stream's bounded output. A stream's decoder
+state is freed as soon as it finishes, is closed (cancelled) or goes idle past the timeout (abandoned).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -39,8 +40,14 @@ class EngineSettings:
     ahead_lead_s: float = 1.0
     max_chunk_frames: int = 25  # longer chunks are decoded in pieces (exact: the state carries over)
     # Decode pieces of these frame counts only (include 1); empty: any count. On CUDA the captured graph lengths,
-    # so every decode replays a graph: an uncaptured length runs eager and autotunes its convolutions (~1 s).
+    # so every decode replays a graph: an uncaptured length runs eager and autotunes its convolutions (~1 s). A
+    # stream's last frames are decoded as one piece padded up to a length (the decoder is causal: the padding
+    # changes none of their audio, and the state it leaves is never used), not as several.
     piece_lengths: tuple[int, ...] = ()
+    # The batch sizes the runner computes (on CUDA the captured graph sizes; a batch between two is padded up to the
+    # larger with idle rows); empty: any size. A sweep takes as many streams as fill a size, leaving the others,
+    # which are ahead of their listeners, to the next sweep.
+    batch_sizes: tuple[int, ...] = ()
     max_pending_frames: int = 1000  # per stream; `send` waits beyond this
     max_pending_outputs: int = 8  # per stream; decoding pauses until the reader catches up
     idle_timeout_s: float = 60.0  # no send and no read for this long: the client is gone
@@ -52,9 +59,10 @@ class BatchReport:
     """One batched chunk decode, for metrics (decode time per chunk, batch size, audio seconds per second)."""
 
     batch_size: int
-    num_frames: int  # per row
+    num_rows: int  # rows the forward computed: the batch padded up to one of `batch_sizes`
+    num_frames: int  # per row, a stream's last piece padded up included
     decode_s: float  # wall time of the runner call
-    audio_s: float  # audio produced by the whole batch (context frames included)
+    audio_s: float  # audio produced by the whole batch (context frames included, padding excluded)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,6 +76,36 @@ class EngineStats:
     num_batches: int
     num_frames_decoded: int
     decode_s: float  # runner time, summed over batches
+
+
+class _Piece(NamedTuple):
+    record: StreamRecord
+    piece: PendingFrames  # its codes padded up for a stream's last piece
+    num_frames: int  # the stream's frames in it
+
+
+def batch_counts(num_urgent: int, num_ahead: int, settings: EngineSettings) -> list[int]:
+    """How many pieces of one length each batch takes, the urgent ones first: every urgent piece, and of those
+    ahead of their listeners (in a sweep) as many as fill batches of `settings.batch_sizes` (when the urgent ones
+    alone need a batch padded up, as many as fill its padding); with no `batch_sizes`, every piece. Batches hold at
+    most `max_batch_size`."""
+    sizes, largest = sorted(settings.batch_sizes), settings.max_batch_size
+    counts, total = [], num_urgent + num_ahead
+    while total > 0:
+        if total >= largest or not sizes:
+            count = min(total, largest)
+        else:
+            whole = max((size for size in sizes if size <= total), default=0)
+            holding_urgent = next((size for size in sizes if size >= num_urgent), total)
+            count = whole if whole >= num_urgent else min(total, holding_urgent)
+            if count == 0:  # nothing urgent, and too few others for the smallest size: they wait
+                break
+        counts.append(count)
+        total -= count
+        num_urgent = max(0, num_urgent - count)
+        if num_urgent == 0 and count < largest and sizes:
+            break  # what is left waits for the next sweep
+    return counts
 
 
 class DecodeEngine:
@@ -213,56 +251,94 @@ class DecodeEngine:
             for record in self._streams.values()
         )
 
-    def _plan_batches(self) -> list[list[tuple[StreamRecord, PendingFrames]]]:
-        """Takes one piece from every schedulable stream that is urgent (from every one in a sweep; the first stream
-        left waiting sets the next sweep) and groups pieces of equal length."""
+    def _plan_batches(self) -> list[list[_Piece]]:
+        """Takes one piece from every schedulable stream that is urgent, and in a sweep from the others too, and
+        groups pieces of equal length into batches (`batch_counts`): the streams a sweep leaves, and the first
+        stream left waiting outside a sweep, set the next sweep."""
         now_s = time.monotonic()
         is_sweep = self._sweep_at_s is not None and now_s >= self._sweep_at_s
         if is_sweep:
             self._sweep_at_s = None
-        by_length: dict[int, list[tuple[StreamRecord, PendingFrames]]] = collections.defaultdict(list)
+        urgent: dict[int, list[StreamRecord]] = collections.defaultdict(list)  # by the next piece's decoded length
+        ahead: dict[int, list[StreamRecord]] = collections.defaultdict(list)
         for record in self._streams.values():
             if not record.can_schedule():
                 continue
-            if is_sweep or self._is_urgent(record, now_s):
-                piece = record.take(self._piece_frames(len(record.segments[0].codes)))
-                record.is_in_flight = True
-                by_length[len(piece.codes)].append((record, piece))
-            elif self._sweep_at_s is None:
-                self._sweep_at_s = now_s + self.settings.sweep_interval_s
-        size = self.settings.max_batch_size
-        return [group[i : i + size] for group in by_length.values() for i in range(0, len(group), size)]
+            if self._is_urgent(record, now_s):
+                urgent[self._next_piece(record)[1]].append(record)
+            elif is_sweep:
+                ahead[self._next_piece(record)[1]].append(record)
+            else:
+                self._sweep_later(now_s)
+        batches = []
+        for length in urgent.keys() | ahead.keys():
+            # The least ahead first: those left wait for the next sweep.
+            candidates = urgent[length] + sorted(ahead[length], key=lambda record: record.lead_s(now_s, self._frame_s))
+            taken = 0
+            for count in batch_counts(len(urgent[length]), len(ahead[length]), self.settings):
+                batches.append([self._take(record) for record in candidates[taken : taken + count]])
+                taken += count
+            if taken < len(candidates):
+                self._sweep_later(now_s)
+        return batches
 
-    def _piece_frames(self, available: int) -> int:
-        """Frames to take from a stream's next segment: the longest of `piece_lengths` that fits, or all of it up
-        to `max_chunk_frames` when any length goes."""
+    def _sweep_later(self, now_s: float) -> None:
+        if self._sweep_at_s is None:
+            self._sweep_at_s = now_s + self.settings.sweep_interval_s
+
+    def _next_piece(self, record: StreamRecord) -> tuple[int, int]:
+        """(frames taken, frames decoded) of a stream's next piece: the longest of `piece_lengths` that fits, or all
+        of its next segment up to `max_chunk_frames` when any length goes; a stream's last frames, when they fit one
+        length, in one piece padded up to it."""
+        head = record.segments[0]
+        available = len(head.codes)
         limit = min(available, self.settings.max_chunk_frames)
-        fitting = [frames for frames in sorted(self.settings.piece_lengths) if frames <= limit]
-        return fitting[-1] if fitting else limit
+        lengths = sorted(self.settings.piece_lengths)
+        fitting = [frames for frames in lengths if frames <= limit]
+        taken = fitting[-1] if fitting else limit
+        is_last = record.is_input_done and len(record.segments) == 1 and not head.is_context
+        padded = next((frames for frames in lengths if frames >= available), None)
+        if is_last and taken < available and padded is not None and available <= self.settings.max_chunk_frames:
+            return available, padded
+        return taken, taken
 
-    async def _decode_batch(self, batch: list[tuple[StreamRecord, PendingFrames]]) -> None:
-        slots = [record.slot for record, _ in batch]
-        new_slots = [record.slot for record, _ in batch if not record.is_started]
-        codes = torch.from_numpy(np.stack([piece.codes for _, piece in batch]))
+    def _take(self, record: StreamRecord) -> _Piece:
+        num_frames, decoded = self._next_piece(record)
+        piece = record.take(num_frames)
+        record.is_in_flight = True
+        if decoded > num_frames:  # a last piece: the padding codes are never heard
+            padding = np.zeros((decoded - num_frames, piece.codes.shape[1]), dtype=piece.codes.dtype)
+            piece = PendingFrames(np.concatenate((piece.codes, padding)), piece.is_context)
+        return _Piece(record, piece, num_frames)
+
+    def _batch_rows(self, batch_size: int) -> int:
+        """Rows the runner computes for a batch: the smallest of `batch_sizes` that holds it."""
+        return next((size for size in sorted(self.settings.batch_sizes) if size >= batch_size), batch_size)
+
+    async def _decode_batch(self, batch: list[_Piece]) -> None:
+        slots = [entry.record.slot for entry in batch]
+        new_slots = [entry.record.slot for entry in batch if not entry.record.is_started]
+        codes = torch.from_numpy(np.stack([entry.piece.codes for entry in batch]))
         started = time.perf_counter()
         try:
             waveform = await self.run_in_runner_thread(self.runner.decode, slots, codes, new_slots)
         except Exception as exc:
-            for record, _ in batch:
-                record.is_in_flight = False
-                record.error = exc
-                self._release(record, StreamStatus.FAILED)
+            for entry in batch:
+                entry.record.is_in_flight = False
+                entry.record.error = exc
+                self._release(entry.record, StreamStatus.FAILED)
             return
         elapsed_s = time.perf_counter() - started
-        num_frames = codes.shape[1]
+        num_frames = sum(entry.num_frames for entry in batch)
         self._num_batches += 1
-        self._num_frames_decoded += len(batch) * num_frames
+        self._num_frames_decoded += num_frames
         self._decode_s += elapsed_s
         if self._on_batch is not None:
-            audio_s = len(batch) * num_frames * self.samples_per_frame / self._config.output_sample_rate_hz
-            self._on_batch(BatchReport(len(batch), num_frames, elapsed_s, audio_s))
+            audio_s = num_frames * self._frame_s
+            rows = self._batch_rows(len(batch))
+            self._on_batch(BatchReport(len(batch), rows, codes.shape[1], elapsed_s, audio_s))
         samples = waveform.numpy()
-        for row, (record, piece) in enumerate(batch):
+        for row, (record, piece, num_frames) in enumerate(batch):
             record.is_in_flight = False
             record.is_started = True
             if record.status is not StreamStatus.OPEN:
@@ -271,7 +347,8 @@ class DecodeEngine:
             if not piece.is_context:
                 offset = record.num_frames_decoded * self.samples_per_frame
                 record.first_output_s = record.first_output_s or time.monotonic()
-                record.outputs.append(PcmPiece(samples[row], offset, num_frames))
+                audio = samples[row, : num_frames * self.samples_per_frame]
+                record.outputs.append(PcmPiece(audio, offset, num_frames))
                 record.num_frames_decoded += num_frames
                 record.output_ready.set()
             if record.num_pending_frames < self.settings.max_pending_frames:
