@@ -24,8 +24,8 @@ import torch
 
 from chorus.bench.report import REPO, commit
 from chorus.talker.engine import engine as engine_module
-from chorus.talker.engine import prefill as prefill_module
 from chorus.talker.engine.engine import EngineConfig, TalkerEngine
+from chorus.talker.engine.prefill import row_buckets
 from chorus.talker.loader import build_talker
 from chorus.talker.sampling import SamplingParams
 
@@ -101,8 +101,7 @@ def _prefill_gpu_ms(engine: TalkerEngine, rows: int, length: int = 64, repeats: 
 
 
 def _measure(loaded, prefill_rows: int, bursts: list[int], device: torch.device) -> dict:
-    buckets = tuple(rows for rows in (1, 2, 4, 8, 16, 32, 64, 128, 256) if rows <= prefill_rows)
-    prefill_module.ROW_BUCKETS = buckets  # read when the engine builds its padded prefill
+    buckets = row_buckets(prefill_rows)  # the engine's padded prefill follows `max_prefills_per_step`
     config = EngineConfig(max_streams=0, max_buffered_frames=FRAMES, max_prefills_per_step=prefill_rows,
                           use_cuda_graphs=True, compile_step=True)  # fmt: skip
     engine = TalkerEngine(loaded, config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from chorus.talker.engine.prefill import PaddedPrefill, prefill_bucket
+from chorus.talker.engine.prefill import PaddedPrefill, prefill_bucket, row_buckets
 from chorus.talker.loader import TINY_CONFIG, TINY_SEED, build_random
 
 
@@ -15,6 +15,8 @@ def test_buckets():
     assert prefill_bucket(16, 65) == (16, 128)
     assert prefill_bucket(17, 10) is None
     assert prefill_bucket(2, 513) is None
+    assert prefill_bucket(17, 10, max_rows=32) == (32, 64)  # the rows follow the most prompts a step prefills
+    assert row_buckets(16) == (1, 2, 4, 8, 16) and row_buckets(24) == (1, 2, 4, 8, 16, 24)
 
 
 def test_padded_prefill_matches_the_unpadded_forward():

@@ -118,6 +118,7 @@ class TalkerEngine:
             config.compile_step,
             kv_cache_positions,
             config.few_rows_matmul,
+            config.max_prefills_per_step,
         )
         self.kv_blocks = self.runner.kv_blocks
         pad_id = self.model_config.text_ids.tts_pad

@@ -17,22 +17,28 @@ import torch
 
 from chorus.runtime.streams import capture_graph
 
-ROW_BUCKETS = (1, 2, 4, 8, 16)
 LENGTH_BUCKETS = (64, 128, 256, 512)  # whole KV blocks (`kv_blocks.BLOCK_SIZE`), as the runner stores them
 
 
-def prefill_bucket(num_rows: int, length: int) -> tuple[int, int] | None:
+def row_buckets(max_rows: int) -> tuple[int, ...]:
+    """Powers of two below `max_rows` (the most prompts a step prefills), and `max_rows`."""
+    return tuple(sorted({1 << i for i in range(max_rows.bit_length()) if 1 << i < max_rows} | {max_rows}))
+
+
+def prefill_bucket(num_rows: int, length: int, max_rows: int = 16) -> tuple[int, int] | None:
     """The smallest (rows, length) bucket holding a batch, or None past the largest."""
-    rows = next((bucket for bucket in ROW_BUCKETS if bucket >= num_rows), None)
+    rows = next((bucket for bucket in row_buckets(max_rows) if bucket >= num_rows), None)
     padded = next((bucket for bucket in LENGTH_BUCKETS if bucket >= length), None)
     return None if rows is None or padded is None else (rows, padded)
 
 
 class PaddedPrefill:
-    def __init__(self, stack, cache: torch.Tensor, use_cuda_graphs: bool) -> None:
-        """`stack`: the talker's decoder stack; `cache`: the runner's slot cache (for shapes and dtype)."""
+    def __init__(self, stack, cache: torch.Tensor, use_cuda_graphs: bool, max_rows: int = 16) -> None:
+        """`stack`: the talker's decoder stack; `cache`: the runner's slot cache (for shapes and dtype); `max_rows`:
+        the most prompts prefilled together."""
         num_layers, _, _, num_kv_heads, _, head_dim = cache.shape
-        max_rows, max_length = ROW_BUCKETS[-1], LENGTH_BUCKETS[-1]
+        max_length = LENGTH_BUCKETS[-1]
+        self.max_rows = max_rows
         self.stack = stack
         self.embeds = cache.new_zeros(max_rows, max_length, stack.config.hidden_size)
         self.positions = torch.arange(max_length, device=cache.device).repeat(max_rows, 1)
@@ -46,7 +52,7 @@ class PaddedPrefill:
         `[layers, 2, R, kv_heads, L', D]` up to the bucket's length L' (views, valid until the next prefill); None
         when no bucket holds them."""
         num_rows, length, _ = embeds.shape
-        bucket = prefill_bucket(num_rows, length)
+        bucket = prefill_bucket(num_rows, length, self.max_rows)
         if bucket is None:
             return None
         rows, padded = bucket
@@ -74,7 +80,7 @@ class PaddedPrefill:
 
     def capture_all(self) -> None:
         """Every bucket, largest first so the others reuse its pool memory."""
-        for rows in reversed(ROW_BUCKETS):
+        for rows in reversed(row_buckets(self.max_rows)):
             for length in reversed(LENGTH_BUCKETS):
                 if (rows, length) not in self.graphs:
                     self.capture(rows, length)

@@ -128,9 +128,11 @@ class TalkerRunner:
         compile_step: bool = False,
         kv_cache_positions: int = 0,
         few_rows_matmul: bool = True,
+        max_prefill_rows: int = 16,
     ):
         """`kv_cache_positions`: the talker's KV pool, shared by all slots (0: every slot's `max_positions`).
-        `few_rows_matmul`: with `compile_step`, decode steps of at most 2 rows take `few_rows_matmul` (CUDA)."""
+        `few_rows_matmul`: with `compile_step`, decode steps of at most 2 rows take `few_rows_matmul` (CUDA).
+        `max_prefill_rows`: the most prompts prefilled together (padded prefill buckets up to it, on CUDA)."""
         self.model = model
         self.config = model.config
         weight = model.talker.codec_head.weight
@@ -211,7 +213,9 @@ class TalkerRunner:
             self.graphs = DecodeGraphs(self)
         self.padded_prefill = None  # on CUDA, prefills run padded to buckets (and replayed, with graphs)
         if self.device.type == "cuda":
-            self.padded_prefill = PaddedPrefill(model.talker.model, self.talker_cache, self.graphs is not None)
+            self.padded_prefill = PaddedPrefill(
+                model.talker.model, self.talker_cache, self.graphs is not None, max_prefill_rows
+            )
 
     def _compile(self, few_rows_matmul: bool) -> None:
         # Each compiled function is specialised per shape class (batch 1 or more, 1 or 2 tokens, prefill) and
