@@ -40,7 +40,9 @@ class TalkerConfig(ServiceConfig):
         "for graphs and the vocoder and diffusion sharing the GPU; 0.5 of an H100's is ~330k positions at 0.6B).",
     )
     max_prefills_per_step: int = option(
-        16, "New requests prefilled together in one step (one batched forward): a burst is admitted in fewer steps."
+        32,
+        "New requests prefilled together in one step (one batched forward, replayed from a graph up to 64): a burst "
+        "is admitted in fewer steps; more at once stalls running streams longer.",
     )
     max_buffered_frames: int = option(50, "Frames a stream may hold unread before its request pauses.")
     use_cuda_graphs: bool = option(True, "Capture the decode step as CUDA graphs per batch bucket on CUDA.")

@@ -17,6 +17,7 @@ def test_buckets():
     assert prefill_bucket(2, 513) is None
     assert prefill_bucket(17, 10, max_rows=32) == (32, 64)  # the rows follow the most prompts a step prefills
     assert row_buckets(16) == (1, 2, 4, 8, 16) and row_buckets(24) == (1, 2, 4, 8, 16, 24)
+    assert row_buckets(256)[-1] == 64 and prefill_bucket(65, 10, max_rows=256) is None  # beyond: an eager forward
 
 
 def test_padded_prefill_matches_the_unpadded_forward():

@@ -64,7 +64,7 @@ class EngineConfig:
     max_frames: int = 4096  # default and upper limit of frames per request
     max_queue: int = 256  # requests waiting for a slot or for text
     max_buffered_frames: int = 50  # per-stream output bound (4 s of audio)
-    max_prefills_per_step: int = 16
+    max_prefills_per_step: int = 32
     use_cuda_graphs: bool = True
     compile_step: bool = False
     few_rows_matmul: bool = True  # with compile_step on CUDA: decode steps of ≤ 2 rows through fused Triton kernels

@@ -18,10 +18,12 @@ import torch
 from chorus.runtime.streams import capture_graph
 
 LENGTH_BUCKETS = (64, 128, 256, 512)  # whole KV blocks (`kv_blocks.BLOCK_SIZE`), as the runner stores them
+MAX_PADDED_ROWS = 64  # its scratch cache holds 64 × 512 positions: 3.8 GB at 0.6B; a larger batch runs eagerly
 
 
 def row_buckets(max_rows: int) -> tuple[int, ...]:
-    """Powers of two below `max_rows` (the most prompts a step prefills), and `max_rows`."""
+    """Powers of two below `max_rows` (the most prompts a step prefills, at most MAX_PADDED_ROWS), and that."""
+    max_rows = min(max_rows, MAX_PADDED_ROWS)
     return tuple(sorted({1 << i for i in range(max_rows.bit_length()) if 1 << i < max_rows} | {max_rows}))
 
 
@@ -38,7 +40,7 @@ class PaddedPrefill:
         the most prompts prefilled together."""
         num_layers, _, _, num_kv_heads, _, head_dim = cache.shape
         max_length = LENGTH_BUCKETS[-1]
-        self.max_rows = max_rows
+        self.max_rows = max_rows = row_buckets(max_rows)[-1]
         self.stack = stack
         self.embeds = cache.new_zeros(max_rows, max_length, stack.config.hidden_size)
         self.positions = torch.arange(max_length, device=cache.device).repeat(max_rows, 1)
