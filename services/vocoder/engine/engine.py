@@ -271,7 +271,7 @@ class DecodeEngine:
             else:
                 self._sweep_later(now_s)
         batches = []
-        for length in urgent.keys() | ahead.keys():
+        for length in sorted(urgent.keys() | ahead.keys()):  # the shortest first: newcomers' first chunks
             # The least ahead first: those left wait for the next sweep.
             candidates = urgent[length] + sorted(ahead[length], key=lambda record: record.lead_s(now_s, self._frame_s))
             taken = 0
