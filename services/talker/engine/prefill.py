@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from chorus.runtime.buckets import power_of_two_sizes
 from chorus.runtime.streams import capture_graph
 
 LENGTH_BUCKETS = (64, 128, 256, 512)  # whole KV blocks (`kv_blocks.BLOCK_SIZE`), as the runner stores them
@@ -22,9 +23,8 @@ MAX_PADDED_ROWS = 64  # its scratch cache holds 64 × 512 positions: 3.8 GB at 0
 
 
 def row_buckets(max_rows: int) -> tuple[int, ...]:
-    """Powers of two below `max_rows` (the most prompts a step prefills, at most MAX_PADDED_ROWS), and that."""
-    max_rows = min(max_rows, MAX_PADDED_ROWS)
-    return tuple(sorted({1 << i for i in range(max_rows.bit_length()) if 1 << i < max_rows} | {max_rows}))
+    """The row buckets for at most `max_rows` prompts a step (MAX_PADDED_ROWS at most)."""
+    return power_of_two_sizes(min(max_rows, MAX_PADDED_ROWS))
 
 
 def prefill_bucket(num_rows: int, length: int, max_rows: int = 16) -> tuple[int, int] | None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from chorus.runtime.buckets import power_of_two_sizes
 from chorus.vocoder.config import VocoderConfig
 from chorus.vocoder.engine.engine import BatchReport, DecodeEngine, EngineSettings
 from chorus.vocoder.engine.runner import CodecRunner
@@ -30,12 +31,6 @@ def resolve_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
-    """Powers of two up to the largest batch, which is always included."""
-    sizes = {1 << i for i in range(max_batch_size.bit_length()) if 1 << i <= max_batch_size}
-    return tuple(sorted(sizes | {max_batch_size}))
-
-
 def build_engine(
     config: VocoderConfig,
     settings: EngineSettings | None = None,
@@ -46,7 +41,7 @@ def build_engine(
     stream_priority: int | None = None,
 ) -> DecodeEngine:
     """A not-yet-started engine for `config` (call `await engine.start()`). On CUDA, graphs are captured for
-    every (batch bucket, chunk length) in `graph_batch_sizes(settings.max_batch_size)` × `graph_chunk_frames`;
+    every (batch bucket, chunk length) in `power_of_two_sizes(settings.max_batch_size)` × `graph_chunk_frames`;
     the engine cuts every chunk into those lengths (12 frames decode as 8 + 4), so no decode runs eager, and fills
     whole batch sizes where it can."""
     settings = settings or EngineSettings()
@@ -60,7 +55,7 @@ def build_engine(
         if codec.decoder.pre_conv.conv.weight.dtype == torch.float32:
             torch.backends.cudnn.allow_tf32 = False
     if is_graphed:
-        batch_sizes = graph_batch_sizes(settings.max_batch_size)
+        batch_sizes = power_of_two_sizes(settings.max_batch_size)
         settings = dataclasses.replace(settings, piece_lengths=graph_chunk_frames, batch_sizes=batch_sizes)
     runner = CodecRunner(
         codec.decoder,

@@ -127,6 +127,7 @@ class DecodeEngine:
         self._config = runner.decoder.config
         self._frame_s = self.samples_per_frame / self._config.output_sample_rate_hz
         self._sweep_at_s: float | None = None  # set while chunks wait for a sweep
+        self._piece_lengths, self._batch_sizes = sorted(settings.piece_lengths), sorted(settings.batch_sizes)
         self._free_slots = collections.deque(range(runner.max_streams))
         self._streams: dict[int, StreamRecord] = {}
         self._wakeup = asyncio.Event()
@@ -259,24 +260,25 @@ class DecodeEngine:
         is_sweep = self._sweep_at_s is not None and now_s >= self._sweep_at_s
         if is_sweep:
             self._sweep_at_s = None
-        urgent: dict[int, list[StreamRecord]] = collections.defaultdict(list)  # by the next piece's decoded length
-        ahead: dict[int, list[StreamRecord]] = collections.defaultdict(list)
+        # (stream, frames taken, frames decoded) by the frames decoded
+        urgent: dict[int, list[tuple[StreamRecord, int, int]]] = collections.defaultdict(list)
+        ahead: dict[int, list[tuple[StreamRecord, int, int]]] = collections.defaultdict(list)
         for record in self._streams.values():
             if not record.can_schedule():
                 continue
-            if self._is_urgent(record, now_s):
-                urgent[self._next_piece(record)[1]].append(record)
-            elif is_sweep:
-                ahead[self._next_piece(record)[1]].append(record)
-            else:
+            is_urgent = self._is_urgent(record, now_s)
+            if not (is_urgent or is_sweep):
                 self._sweep_later(now_s)
+                continue
+            num_frames, decoded = self._next_piece(record)
+            (urgent if is_urgent else ahead)[decoded].append((record, num_frames, decoded))
         batches = []
         for length in sorted(urgent.keys() | ahead.keys()):  # the shortest first: newcomers' first chunks
             # The least ahead first: those left wait for the next sweep.
-            candidates = urgent[length] + sorted(ahead[length], key=lambda record: record.lead_s(now_s, self._frame_s))
+            candidates = urgent[length] + sorted(ahead[length], key=lambda plan: plan[0].lead_s(now_s, self._frame_s))
             taken = 0
             for count in batch_counts(len(urgent[length]), len(ahead[length]), self.settings):
-                batches.append([self._take(record) for record in candidates[taken : taken + count]])
+                batches.append([self._take(*plan) for plan in candidates[taken : taken + count]])
                 taken += count
             if taken < len(candidates):
                 self._sweep_later(now_s)
@@ -293,17 +295,16 @@ class DecodeEngine:
         head = record.segments[0]
         available = len(head.codes)
         limit = min(available, self.settings.max_chunk_frames)
-        lengths = sorted(self.settings.piece_lengths)
-        fitting = [frames for frames in lengths if frames <= limit]
+        fitting = [frames for frames in self._piece_lengths if frames <= limit]
         taken = fitting[-1] if fitting else limit
         is_last = record.is_input_done and len(record.segments) == 1 and not head.is_context
-        padded = next((frames for frames in lengths if frames >= available), None)
+        padded = next((frames for frames in self._piece_lengths if frames >= available), None)
         if is_last and taken < available and padded is not None and available <= self.settings.max_chunk_frames:
             return available, padded
         return taken, taken
 
-    def _take(self, record: StreamRecord) -> _Piece:
-        num_frames, decoded = self._next_piece(record)
+    def _take(self, record: StreamRecord, num_frames: int, decoded: int) -> _Piece:
+        """A stream's next piece (`_next_piece`'s plan), its codes padded up to `decoded` frames."""
         piece = record.take(num_frames)
         record.is_in_flight = True
         if decoded > num_frames:  # a last piece: the padding codes are never heard
@@ -313,7 +314,7 @@ class DecodeEngine:
 
     def _batch_rows(self, batch_size: int) -> int:
         """Rows the runner computes for a batch: the smallest of `batch_sizes` that holds it."""
-        return next((size for size in sorted(self.settings.batch_sizes) if size >= batch_size), batch_size)
+        return next((size for size in self._batch_sizes if size >= batch_size), batch_size)
 
     async def _decode_batch(self, batch: list[_Piece]) -> None:
         slots = [entry.record.slot for entry in batch]
