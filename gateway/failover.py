@@ -12,6 +12,7 @@ replaced. Bad requests and full queues are not retried: another replica would an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -41,6 +42,7 @@ _RETRYABLE_CODES = {
     grpc.StatusCode.DATA_LOSS,
 }
 _RETRYABLE_FINAL_CODES = {code.name for code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL)}
+STATUS_WAIT_S = 1.0  # after its Final, how long a replica may take to end the call before the caller cancels it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +130,15 @@ async def next_message(
         if not pending.done():
             # Its own error is dropped: what ended the wait (a failure, a cancel) is raised already.
             await cancel_and_wait([pending], f"read of {replica.target}")
+
+
+async def await_status(call, wait_s: float = STATUS_WAIT_S) -> None:
+    """Once a replica's Final has come, lets its call end on the replica's own status (OK) rather than on the
+    caller's cancel: a cancel races that status, and the replica then counts a stream that succeeded as cancelled
+    by its client (and gRPC logs its failed status send as an error). A replica slow to end the call is left to
+    the caller's cancel after `wait_s`."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(call.code(), wait_s)
 
 
 class Failovers:

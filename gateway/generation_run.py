@@ -34,6 +34,7 @@ from chorus.gateway.failover import (
     FailoverPolicy,
     Failovers,
     ReplicaFailed,
+    await_status,
     check_final_for_failover,
     failure_of,
     next_message,
@@ -126,6 +127,7 @@ class GenerationRun(JournaledRun):
                     check_final(output.final, "diffusion")
                     if not pcm:
                         raise Unavailable("diffusion finished without audio")
+                    await await_status(call)
                     return output.final, pcm
             raise ReplicaFailed(f"diffusion {replica.target} ended the stream without a Final")
         except grpc.aio.AioRpcError as exc:

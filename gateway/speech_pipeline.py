@@ -29,6 +29,7 @@ from chorus.gateway.failover import (
     Failovers,
     ReplicaFailed,
     ReplicaSource,
+    await_status,
     check_final_for_failover,
     failure_of,
     next_message,
@@ -144,6 +145,7 @@ class SegmentPipeline:
                 check_final(output.final, "talker")
                 await writer  # surfaces a bad delta stream (the talker ended on our half-close)
                 await self.frames.finish()
+                await await_status(call)
                 return
             raise ReplicaFailed(f"talker {replica.target} ended the stream without a Final")
         except grpc.aio.AioRpcError as exc:
@@ -201,6 +203,7 @@ class SegmentPipeline:
                 check_final_for_failover(output.final, "vocoder")
                 check_final(output.final, "vocoder")
                 await sender
+                await await_status(call)
                 return
         except grpc.aio.AioRpcError as exc:
             _raise_for(exc, "vocoder")
