@@ -18,9 +18,7 @@ import grpc
 from chorus.runtime.config import ServiceConfig, load_config
 from chorus.runtime.host import Service
 from chorus.talker.config import TalkerConfig
-from chorus.talker.service import TalkerService
 from chorus.vocoder.config import VocoderConfig
-from chorus.vocoder.service import VocoderService
 
 TALKER_STREAM_PRIORITY = 0
 VOCODER_STREAM_PRIORITY = -1  # higher: its decodes sit on the time-to-first-audio path
@@ -33,14 +31,19 @@ class SpeechConfig(ServiceConfig):
 
 class SpeechService(Service):
     name = "speech"
-    grpc_services = (*TalkerService.grpc_services, *VocoderService.grpc_services)
 
     def __init__(self, config: SpeechConfig) -> None:
+        # Imported here: every `chorus` command reads SpeechConfig to build its parser, and the services import torch
+        # and transformers (seconds, and hundreds of MB in each gateway worker).
+        from chorus.talker.service import TalkerService
+        from chorus.vocoder.service import VocoderService
+
         try:
             talker_config, vocoder_config = load_config(TalkerConfig), load_config(VocoderConfig)
         except ValueError as exc:
             raise SystemExit(f"chorus serve speech: {exc}") from None
         self.config = config
+        self.grpc_services = (*TalkerService.grpc_services, *VocoderService.grpc_services)
         self.talker = TalkerService(talker_config, stream_priority=TALKER_STREAM_PRIORITY)
         self.vocoder = VocoderService(vocoder_config, stream_priority=VOCODER_STREAM_PRIORITY)
 
