@@ -4,6 +4,9 @@ finish, cancel and abandon."""
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -369,3 +372,34 @@ async def test_a_sweep_leaves_the_streams_beyond_a_whole_batch_size_to_the_next(
             stream.close()
     finally:
         await engine.stop()
+
+
+async def test_stats_read_from_another_thread_while_streams_open_and_end(engine):
+    """The /metrics server reads the engine's gauges from its own thread while the event loop opens and ends streams
+    (a stats() that walked the live streams raised "dictionary changed size during iteration" there, under load)."""
+    errors, stop = [], threading.Event()
+
+    def scrape():
+        while not stop.is_set():
+            try:
+                engine.stats()
+            except RuntimeError as error:
+                errors.append(error)
+                return
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython can, to meet the race in a bounded time
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and not errors:
+            async with engine.open_stream("r") as stream:
+                stream.end_input()
+                async for _ in stream:
+                    pass
+    finally:
+        stop.set()
+        scraper.join()
+        sys.setswitchinterval(interval)
+    assert not errors

@@ -192,11 +192,14 @@ class DecodeEngine:
         return DecodeStream(self, record)
 
     def stats(self) -> EngineStats:
+        """Safe from any thread (the /metrics server calls it from its own): it walks a copy of the live streams,
+        which `list` takes at once, where iterating the dict could meet the event loop adding or ending one."""
+        records = list(self._streams.values())
         return EngineStats(
-            live_streams=len(self._streams),
+            live_streams=len(records),
             free_slots=len(self._free_slots),
-            queued_streams=sum(1 for record in self._streams.values() if record.segments),
-            state_bytes=len(self._streams) * self.runner.bytes_per_stream,
+            queued_streams=sum(1 for record in records if record.segments),
+            state_bytes=len(records) * self.runner.bytes_per_stream,
             num_batches=self._num_batches,
             num_frames_decoded=self._num_frames_decoded,
             decode_s=self._decode_s,
