@@ -102,6 +102,12 @@ class Prompt:
     def num_positions(self) -> int:
         return len(self.positions)
 
+    @property
+    def plain(self) -> bool:
+        """Text and codec ids only: no speaker vector, reference frame or prefix frame (a named or designed voice,
+        not resumed), so the ids alone give its embeddings."""
+        return bool((self.positions[:, Part.SPEAKER :] == NONE).all())
+
     def text_id_for(self, frame: int, pad_id: int) -> int | None:
         """Text id the decode step of `frame` adds; `None` while the text it needs has not arrived yet."""
         if frame < len(self.trailing_text_ids):

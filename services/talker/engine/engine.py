@@ -461,7 +461,10 @@ class TalkerEngine:
         # Prompts that fit the largest padded bucket share one forward; a longer one (a request resumed deep into its
         # audio) runs alone, so the others are not padded to its length.
         short = [request for request in ready if request.prompt.num_positions <= LENGTH_BUCKETS[-1]]
-        for batch in ([short] if short else []) + [[request] for request in ready if request not in short]:
+        # Plain prompts (most) prefill from their ids in one replay (`PlainPrefill`), the others from embeddings.
+        plain = [request for request in short if request.prompt.plain]
+        batches = [plain, [request for request in short if not request.prompt.plain]]
+        for batch in [batch for batch in batches if batch] + [[request] for request in ready if request not in short]:
             self._prefill_batch(batch)
         # A resumed request's prefill sampled what the decode step of its last prefix frame sampled: the same stop
         # rule applies (EOS, or its limits reached), which needs that id on the host now — one wait for the device.
@@ -520,7 +523,12 @@ class TalkerEngine:
         slots = [request.slot for request in requests]
         samplings, seeds = [r.sampling for r in requests], [r.seed for r in requests]
         self.runner.set_params(slots, samplings, seeds, [r.ignore_eos for r in requests])
-        embeds, lengths = self.runner.embed_prompts([r.prompt for r in requests], [r.voice for r in requests])
+        plain, prompts = self.runner.plain_prefill, [r.prompt for r in requests]
+        longest = max(prompt.num_positions for prompt in prompts)
+        if plain is not None and all(prompt.plain for prompt in prompts) and plain.fits(len(prompts), longest):
+            plain.run(slots, prompts)
+            return
+        embeds, lengths = self.runner.embed_prompts(prompts, [r.voice for r in requests])
         prefix_code0s = [None if r.voice.prefix_frames is None else r.voice.prefix_frames[:, 0] for r in requests]
         self.runner.prefill(slots, embeds, lengths, prefix_code0s)
 

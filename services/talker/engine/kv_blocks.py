@@ -84,3 +84,12 @@ class KVBlocks:
         count = blocks_for(num_positions)
         assert count <= self.held[slot], f"slot {slot} holds {self.held[slot]} blocks, {count} needed"
         return self.host_table[slot, :count].tolist()
+
+    def prompt_targets(self, slots: list[int], lengths: list[int], out: np.ndarray) -> None:
+        """Where a prefill's blocks go, into `out [rows ≥ len(slots), blocks]`: row i's j-th block of positions to the
+        pool block holding slot i's, for its `lengths[i]` positions; every other entry (past a prompt, or a padded
+        row) to the spare block, which nothing reads."""
+        out.fill(SPARE_BLOCK)
+        for row, (slot, length) in enumerate(zip(slots, lengths, strict=True)):
+            owned = self.owned(slot, length)
+            out[row, : len(owned)] = owned

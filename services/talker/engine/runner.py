@@ -18,6 +18,7 @@ import torch
 
 from chorus.talker.engine.host_mirror import HostMirror
 from chorus.talker.engine.kv_blocks import BLOCK_SIZE, SPARE_BLOCK, KVBlocks, blocks_for
+from chorus.talker.engine.plain_prefill import PlainPrefill
 from chorus.talker.engine.prefill import LENGTH_BUCKETS, PaddedPrefill
 from chorus.talker.models.qwen3_layers import compile_for_decode
 from chorus.talker.models.qwen3_tts_talker import Qwen3TTSModel
@@ -129,10 +130,12 @@ class TalkerRunner:
         kv_cache_positions: int = 0,
         few_rows_matmul: bool = True,
         max_prefill_rows: int = 16,
+        pad_prefills: bool | None = None,
     ):
         """`kv_cache_positions`: the talker's KV pool, shared by all slots (0: every slot's `max_positions`).
         `few_rows_matmul`: with `compile_step`, decode steps of at most 2 rows take `few_rows_matmul` (CUDA).
-        `max_prefill_rows`: the most prompts prefilled together (padded prefill buckets up to it, on CUDA)."""
+        `max_prefill_rows`: the most prompts prefilled together (padded prefill buckets up to it). `pad_prefills`:
+        prefills padded to buckets, plain prompts' from their ids (None: on CUDA, where graphs replay them)."""
         self.model = model
         self.config = model.config
         weight = model.talker.codec_head.weight
@@ -169,13 +172,17 @@ class TalkerRunner:
         positions = torch.arange(self.config.num_code_groups + 1, device=self.device).repeat(num_slots, 1)
         self.predictor_positions = positions[:, :2].contiguous(), positions.T[:, :, None].contiguous()
         device, vocab = self.device, self.config.codec_vocab_size
-        self.last_hidden = torch.zeros(num_slots, talker.hidden_size, device=device, dtype=self.dtype)
-        self.next_code0 = torch.zeros(num_slots, dtype=torch.long, device=device)
-        self.position = torch.zeros(num_slots, dtype=torch.long, device=device)
-        self.num_generated = torch.zeros(num_slots, dtype=torch.long, device=device)
-        self.generated_mask = torch.zeros(num_slots, vocab, dtype=torch.bool, device=device)
+        # Per-slot state, plus a scratch slot that the padded rows of a plain prefill write (`PlainPrefill`): no
+        # decode step covers it.
+        self.scratch_slot = num_slots
+        state_rows = num_slots + 1
+        self.last_hidden = torch.zeros(state_rows, talker.hidden_size, device=device, dtype=self.dtype)
+        self.next_code0 = torch.zeros(state_rows, dtype=torch.long, device=device)
+        self.position = torch.zeros(state_rows, dtype=torch.long, device=device)
+        self.num_generated = torch.zeros(state_rows, dtype=torch.long, device=device)
+        self.generated_mask = torch.zeros(state_rows, vocab, dtype=torch.bool, device=device)
         self._true = torch.ones((), dtype=torch.bool, device=device)  # a value to index_put_ without a host copy
-        self.params = _SlotParams(num_slots, device)
+        self.params = _SlotParams(state_rows, device)
         # Slots whose request needs the sorting sampler (top-p, or top-k off or past FAST_TOP_K): a step with any of
         # them active runs the graph that sorts; every other step selects (`sampling.warp`).
         self._sorting_slots: set[int] = set()
@@ -211,11 +218,12 @@ class TalkerRunner:
             from chorus.talker.engine.graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self)
-        self.padded_prefill = None  # on CUDA, prefills run padded to buckets (and replayed, with graphs)
-        if self.device.type == "cuda":
+        self.padded_prefill = self.plain_prefill = None
+        if self.device.type == "cuda" if pad_prefills is None else pad_prefills:
             self.padded_prefill = PaddedPrefill(
                 model.talker.model, self.talker_cache, self.graphs is not None, max_prefill_rows
             )
+            self.plain_prefill = PlainPrefill(self)
 
     def _compile(self, few_rows_matmul: bool) -> None:
         # Each compiled function is specialised per shape class (batch 1 or more, 1 or 2 tokens, prefill) and
@@ -252,6 +260,7 @@ class TalkerRunner:
         if self.graphs is None:
             return
         self.padded_prefill.capture_all()
+        self.plain_prefill.capture_all()
         buckets = sorted({batch_bucket(n, self.num_slots) for n in range(1, self.num_slots + 1)}, reverse=True)
         capture_positions = min(capture_positions or self.max_positions, self.max_positions)
         for num_rows in buckets:
@@ -369,9 +378,12 @@ class TalkerRunner:
                 ],
                 dim=1,
             )
-        index, last_index, num_generated = self._upload(slots + lengths + num_prefix, torch.long).view(3, num_rows)
+        targets = np.empty((num_rows, scratch.shape[4] // BLOCK_SIZE), dtype=np.int64)
+        self.kv_blocks.prompt_targets(slots, lengths, targets)
+        uploaded = self._upload(slots + lengths + num_prefix + targets.ravel().tolist(), torch.long)
+        index, last_index, num_generated = uploaded[: 3 * num_rows].view(3, num_rows)
         last_index = last_index - 1
-        self._store_prompts(slots, lengths, scratch)
+        self.store_prompts(scratch, uploaded[3 * num_rows :])
         last_hidden = hidden[torch.arange(num_rows, device=self.device), last_index]
         # No `mask[index] = False` here: an indexed assignment of a Python scalar copies the scalar to the device
         # with a blocking copy, which waits for the decode step in flight (a tenth of the engine thread's time at
@@ -382,6 +394,23 @@ class TalkerRunner:
             code0s = torch.cat([codes for codes in prefix_code0s if codes is not None])
             seen = torch.cat((torch.tensor(rows, dtype=torch.long), code0s.long())).to(self.device, non_blocking=True)
             self.generated_mask.index_put_((seen[: len(rows)], seen[len(rows) :]), self._true)
+        self.start_rows(index, last_hidden, last_index, num_generated)
+
+    def store_prompts(self, scratch: torch.Tensor, targets: torch.Tensor) -> None:
+        """Copy a prefill's keys and values from `scratch [layers, 2, rows, kv_heads, L, D]` (L a whole number of
+        blocks) into the pool, in one copy: row i's j-th block to `targets [rows × L / BLOCK_SIZE]` entry
+        `i × L / BLOCK_SIZE + j` (`KVBlocks.prompt_targets`)."""
+        num_blocks = scratch.shape[4] // BLOCK_SIZE
+        by_block = scratch.unflatten(4, (num_blocks, BLOCK_SIZE))
+        by_block = by_block.transpose(3, 4).flatten(2, 3)  # [layers, 2, rows × blocks, kv_heads, BLOCK_SIZE, D]
+        self.talker_cache.index_copy_(2, targets, by_block)
+
+    def start_rows(
+        self, index: torch.Tensor, last_hidden: torch.Tensor, last_index: torch.Tensor, num_generated: torch.Tensor
+    ) -> None:
+        """Slots `index [R]` ready to decode after their prompts: each row's talker state `last_hidden [R, H]` at its
+        last prompt position `last_index [R]`, after `num_generated [R]` frames (whose ids the caller put in the
+        penalty mask); samples each row's next codebook-0 id."""
         self.num_generated[index] = num_generated
         code0 = self._pick_code0(self.model.talker.codec_head(last_hidden), index)
         self.last_hidden[index] = last_hidden
@@ -389,20 +418,6 @@ class TalkerRunner:
         self.position[index] = last_index + 1
         self.num_generated[index] = num_generated + 1
         self.generated_mask.index_put_((index, code0), self._true)
-
-    def _store_prompts(self, slots: list[int], lengths: list[int], scratch: torch.Tensor) -> None:
-        """Copy each row's prompt keys and values from `scratch [layers, 2, rows, kv_heads, L, D]` (L a whole number
-        of blocks, at least the longest prompt's) into the blocks its slot holds, in one copy."""
-        num_blocks = scratch.shape[4] // BLOCK_SIZE
-        by_block = scratch[..., : num_blocks * BLOCK_SIZE, :].unflatten(4, (num_blocks, BLOCK_SIZE))
-        by_block = by_block.transpose(3, 4).flatten(2, 3)  # [layers, 2, rows × blocks, kv_heads, BLOCK_SIZE, D]
-        sources, targets = [], []
-        for row, (slot, length) in enumerate(zip(slots, lengths, strict=True)):
-            owned = self.kv_blocks.owned(slot, length)
-            sources += range(row * num_blocks, row * num_blocks + len(owned))
-            targets += owned
-        indices = self._upload(sources + targets, torch.long)
-        self.talker_cache.index_copy_(2, indices[len(sources) :], by_block.index_select(2, indices[: len(sources)]))
 
     def next_code0s(self, slots: list[int]) -> list[int]:
         """The codebook-0 ids sampled for `slots`' next frames; waits for the device."""
