@@ -328,44 +328,6 @@ async def test_streams_well_ahead_of_their_listeners_share_a_sweep(tiny_codec):
             await engine.stop()
 
 
-async def test_a_newcomers_first_chunk_goes_before_the_rest_of_a_round(tiny_codec):
-    """A round of two batches (pieces of 1 and of 3 frames): a stream whose first frame comes while the round's first
-    batch runs is decoded next, before the round's second batch, and every stream's audio stays exact."""
-    codes = random_codes(3, seed=7, batch_size=3)
-    reports: list[BatchReport] = []
-    runner = CodecRunner(tiny_codec.decoder, max_streams=4)
-    engine = DecodeEngine(runner, EngineSettings(batch_window_s=0.0), on_batch=reports.append)
-    first_batch_runs, release = threading.Event(), threading.Event()
-    decode = runner.decode
-
-    def decode_held_once(*args):  # the round's first batch runs until the newcomer has sent its frame
-        if not first_batch_runs.is_set():
-            first_batch_runs.set()
-            assert release.wait(10)
-        return decode(*args)
-
-    runner.decode = decode_held_once
-    await engine.start()
-    try:
-        short, long = engine.open_stream("short"), engine.open_stream("long")
-        await long.send(codes[0].numpy())
-        await short.send(codes[1, :1].numpy())
-        assert await asyncio.to_thread(first_batch_runs.wait, 10)
-        newcomer = engine.open_stream("newcomer")
-        await newcomer.send(codes[2, :1].numpy())
-        release.set()
-        pieces = [await anext(stream) for stream in (short, newcomer, long)]
-        assert [(report.batch_size, report.num_frames) for report in reports] == [(1, 1), (1, 1), (1, 3)]
-        expected = [codes[1:2, :1], codes[2:3, :1], codes[0:1]]
-        for piece, stream_codes in zip(pieces, expected, strict=True):
-            assert np.abs(piece.waveform - _one_shot(tiny_codec.decoder, stream_codes)).max() <= 1e-5
-        for stream in (short, long, newcomer):
-            stream.close()
-    finally:
-        release.set()
-        await engine.stop()
-
-
 @pytest.mark.parametrize(
     ("urgent", "ahead", "counts"),
     [

@@ -232,14 +232,8 @@ class DecodeEngine:
             if self.settings.batch_window_s > 0 and self._may_join_soon():
                 await asyncio.sleep(self.settings.batch_window_s)
             self._reap_idle()
-            batches = self._plan_batches()
-            for index, batch in enumerate(batches):
+            for batch in self._plan_batches():
                 await self._decode_batch(batch)
-                # Streams whose first frames came while this batch ran decode them before the round's other batches:
-                # a newcomer's first audio waits for one batch, not a round (several at 256 streams, ~28 ms each).
-                if index < len(batches) - 1:
-                    for first in self._plan_batches(newcomers_only=True):
-                        await self._decode_batch(first)
             now_s = time.monotonic()
             if any(record.can_schedule() and self._is_urgent(record, now_s) for record in self._streams.values()):
                 self._wakeup.set()
@@ -261,20 +255,19 @@ class DecodeEngine:
             for record in self._streams.values()
         )
 
-    def _plan_batches(self, newcomers_only: bool = False) -> list[list[_Piece]]:
+    def _plan_batches(self) -> list[list[_Piece]]:
         """Takes one piece from every schedulable stream that is urgent, and in a sweep from the others too, and
         groups pieces of equal length into batches (`batch_counts`): the streams a sweep leaves, and the first
-        stream left waiting outside a sweep, set the next sweep. `newcomers_only`: from the streams not yet started
-        alone (all urgent), and never a sweep."""
+        stream left waiting outside a sweep, set the next sweep."""
         now_s = time.monotonic()
-        is_sweep = not newcomers_only and self._sweep_at_s is not None and now_s >= self._sweep_at_s
+        is_sweep = self._sweep_at_s is not None and now_s >= self._sweep_at_s
         if is_sweep:
             self._sweep_at_s = None
         # (stream, frames taken, frames decoded) by the frames decoded
         urgent: dict[int, list[tuple[StreamRecord, int, int]]] = collections.defaultdict(list)
         ahead: dict[int, list[tuple[StreamRecord, int, int]]] = collections.defaultdict(list)
         for record in self._streams.values():
-            if not record.can_schedule() or (newcomers_only and record.is_started):
+            if not record.can_schedule():
                 continue
             is_urgent = self._is_urgent(record, now_s)
             if not (is_urgent or is_sweep):
