@@ -49,7 +49,8 @@ class PlainPrefill:
         self._copied = [torch.cuda.Event() if pinned else None for _ in range(2)]
         self._next = 0
         self.row_index = torch.arange(self.padded.max_rows, device=runner.device)
-        self.zeros = torch.zeros(self.padded.max_rows, dtype=torch.long, device=runner.device)
+        # Frames each row made before its prompt: none, for a plain (fresh) prompt.
+        self.no_frames = torch.zeros(self.padded.max_rows, dtype=torch.long, device=runner.device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
 
     def fits(self, num_rows: int, longest: int) -> bool:
@@ -104,7 +105,7 @@ class PlainPrefill:
         hidden = talker.model(embeds.view(rows, length, -1), positions, list(scratch), length)
         runner.store_prompts(scratch, targets)
         runner.generated_mask.index_fill_(0, slots, False)
-        runner.start_rows(slots, hidden[self.row_index[:rows], last_index], last_index, self.zeros[:rows])
+        runner.start_rows(slots, hidden[self.row_index[:rows], last_index], last_index, self.no_frames[:rows])
 
     @torch.inference_mode()
     def capture(self, rows: int, length: int) -> None:
