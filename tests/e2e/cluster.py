@@ -26,7 +26,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from chorus.runtime.processes import free_port
+from chorus.runtime.processes import free_ports
 from chorus.services import SERVICES
 from chorus.stack import gateway_ready
 
@@ -49,10 +49,11 @@ class Cluster:
         self.redis_url = redis_url
         self.log_dir = log_dir
         self.env = env
+        ports = iter(free_ports(sum(replicas[kind] for kind in BACKENDS) + 2 * gateways))  # distinct
         self.members: list[Member] = [
-            Member(f"{kind}-{index}", kind, free_port()) for kind in BACKENDS for index in range(replicas[kind])
+            Member(f"{kind}-{index}", kind, next(ports)) for kind in BACKENDS for index in range(replicas[kind])
         ]
-        self.members += [Member(f"gateway-{i}", "gateway", free_port(), free_port()) for i in range(gateways)]
+        self.members += [Member(f"gateway-{i}", "gateway", next(ports), next(ports)) for i in range(gateways)]
         self._supervising = False
         self._supervisor: threading.Thread | None = None
         self._lock = threading.Lock()

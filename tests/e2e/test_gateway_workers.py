@@ -17,14 +17,14 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from chorus.runtime.processes import free_port
+from chorus.runtime.processes import free_ports
 
 NUM_WORKERS = 2
 
 
 @pytest.fixture
 def gateway(redis_url):
-    rest_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    rest_port, grpc_port, metrics_port = free_ports(3)
     command = [sys.executable, "-m", "chorus.cli", "serve", "gateway", "--workers", str(NUM_WORKERS)]
     command += ["--rest-port", str(rest_port), "--port", str(grpc_port), "--metrics-port", str(metrics_port)]
     process = subprocess.Popen(

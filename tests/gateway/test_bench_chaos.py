@@ -12,7 +12,7 @@ from ready_stub import serving_ready
 from chorus.bench.chaos import Chaos, failover_gaps
 from chorus.bench.local_processes import listeners
 from chorus.bench.metrics import RequestTiming
-from chorus.runtime.processes import free_port
+from chorus.runtime.processes import free_ports
 
 _LISTEN = (
     "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); time.sleep(60)"
@@ -27,9 +27,8 @@ def test_failover_gap_is_the_time_from_a_kill_to_the_next_audio_of_each_stream_i
 
 
 async def test_a_kill_reaches_the_process_serving_a_healthy_replica_with_a_healthy_peer():
-    ports = [free_port(), free_port()]
+    *ports, lone = free_ports(3)  # lone: the only vocoder, never killed
     replicas = [subprocess.Popen([sys.executable, "-c", _LISTEN, str(port)]) for port in ports]
-    lone = free_port()  # the only vocoder: never killed
     lone_replica = subprocess.Popen([sys.executable, "-c", _LISTEN, str(lone)])
     backends = {"talker": {f"127.0.0.1:{port}": True for port in ports}, "vocoder": {f"127.0.0.1:{lone}": True}}
 

@@ -13,7 +13,7 @@ from chorus.diffusion.service import DiffusionService
 from chorus.gateway.config import GatewayConfig
 from chorus.gateway.service import GatewayService
 from chorus.runtime.host import ServiceHost
-from chorus.runtime.processes import free_port
+from chorus.runtime.processes import free_port, free_ports
 from chorus.talker.config import TalkerConfig
 from chorus.talker.service import TalkerService
 from chorus.vocoder.config import VocoderConfig
@@ -28,7 +28,7 @@ async def wait_for(predicate, timeout_s: float = 10.0) -> None:
 
 
 async def test_ready_follows_backend_health(redis_url):
-    ports = {"talker": free_port(), "vocoder": free_port(), "diffusion": free_port()}
+    ports = dict(zip(("talker", "vocoder", "diffusion"), free_ports(3), strict=True))
     config = GatewayConfig(
         rest_port=0,
         metrics_port=-1,
