@@ -30,8 +30,9 @@ class HostMirror:
     def mark_changed(self) -> None:
         self._changed = True
 
-    def upload(self) -> None:
-        """The host values to the device table, if they changed since the last upload."""
+    def upload(self, num_rows: int | None = None) -> None:
+        """The host values to the device table, if they changed since the last upload; only its first `num_rows`
+        rows when given (a table whose user filled no more)."""
         if not self._changed:
             return
         self._changed = False
@@ -39,7 +40,10 @@ class HostMirror:
         self._next ^= 1
         if copied is not None:
             copied.synchronize()  # done long ago in practice: a step ran since
-        np.copyto(staging.numpy(), self.host)
-        self.device_table.copy_(staging, non_blocking=True)
+        target, host = self.device_table, self.host
+        if num_rows is not None:  # views only then: each is a PyTorch call, and a whole table is uploaded every step
+            target, staging, host = target[:num_rows], staging[:num_rows], host[:num_rows]
+        np.copyto(staging.numpy(), host)
+        target.copy_(staging, non_blocking=True)
         if copied is not None:
             copied.record()

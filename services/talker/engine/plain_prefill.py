@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from chorus.runtime.streams import capture_graph
+from chorus.talker.engine.host_mirror import HostMirror
 from chorus.talker.engine.kv_blocks import BLOCK_SIZE
 from chorus.talker.engine.prefill import LENGTH_BUCKETS, prefill_bucket, row_buckets
 from chorus.talker.prompt import NONE, Part, Prompt
@@ -43,11 +44,7 @@ class PlainPrefill:
         self.padded = runner.padded_prefill
         size = sum(packed_sizes(self.padded.max_rows, LENGTH_BUCKETS[-1]))
         self.inputs = torch.zeros(size, dtype=torch.long, device=runner.device)
-        pinned = runner.device.type == "cuda"
-        # Two staging buffers, each refilled only once the copy from it ran (its event), as `HostMirror` does.
-        self._staging = [torch.zeros(size, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
-        self._copied = [torch.cuda.Event() if pinned else None for _ in range(2)]
-        self._next = 0
+        self._packed = HostMirror(self.inputs)  # a batch's bucket fills a prefix of it
         self.row_index = torch.arange(self.padded.max_rows, device=runner.device)
         # Frames each row made before its prompt: none, for a plain (fresh) prompt.
         self.no_frames = torch.zeros(self.padded.max_rows, dtype=torch.long, device=runner.device)
@@ -72,12 +69,8 @@ class PlainPrefill:
 
     def _upload(self, slots: list[int], prompts: list[Prompt], lengths: list[int], rows: int, length: int) -> None:
         """Pack the batch's inputs, padded to the bucket, and copy them to the device in one copy."""
-        staging, copied = self._staging[self._next], self._copied[self._next]
-        self._next ^= 1
-        if copied is not None:
-            copied.synchronize()  # done long ago in practice: a decode step ran since
         sizes = packed_sizes(rows, length)
-        packed = staging.numpy()[: sum(sizes)]
+        packed = self._packed.host[: sum(sizes)]
         text_ids, codec_ids, slot_of, last_index, targets = np.split(packed, np.cumsum(sizes)[:-1])
         text_ids, codec_ids = text_ids.reshape(rows, length), codec_ids.reshape(rows, length)
         text_ids.fill(NONE)
@@ -89,9 +82,8 @@ class PlainPrefill:
             codec_ids[row, :count] = prompt.positions[:, Part.CODEC_ID]
             slot_of[row], last_index[row] = slot, count - 1
         self.runner.kv_blocks.prompt_targets(slots, lengths, targets.reshape(rows, -1))
-        self.inputs[: len(packed)].copy_(staging[: len(packed)], non_blocking=True)
-        if copied is not None:
-            copied.record()
+        self._packed.mark_changed()
+        self._packed.upload(len(packed))
 
     def compute(self, rows: int, length: int) -> None:
         """The bucket's prefill from the packed inputs on the device: static shapes, what a graph captures."""
