@@ -4,9 +4,13 @@ it as graphs: `test_talker_resume_gpu.py` resumes plain requests through the gen
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
+from chorus.talker.engine import engine as engine_module
+from chorus.talker.engine.engine import EngineConfig, TalkerEngine
 from chorus.talker.engine.runner import TalkerRunner
 from chorus.talker.prompt import VoiceRequest, build_prompt
 from chorus.talker.sampling import SamplingParams
@@ -89,3 +93,27 @@ def test_only_prompts_of_ids_alone_are_plain(tiny_loaded):
     clone = VoiceRequest("voice_clone", ROLE, [11, 12], speaker_vector=torch.zeros(config.talker.hidden_size))
     resumed = VoiceRequest("custom_voice", ROLE, [11, 12], speaker="ryan", prefix_frames=torch.zeros(2, 16).long())
     assert not build_prompt(config, clone).plain and not build_prompt(config, resumed).plain
+
+
+def test_a_step_prefills_short_and_long_prompts_in_separate_batches_each_as_alone(tiny_loaded, monkeypatch):
+    monkeypatch.setattr(engine_module, "TalkerRunner", functools.partial(TalkerRunner, pad_prefills=True))
+    engine = TalkerEngine(tiny_loaded, EngineConfig(max_streams=4, max_positions=400, use_cuda_graphs=False))
+    buckets = []
+    run = engine.runner.plain_prefill.run
+    monkeypatch.setattr(
+        engine.runner.plain_prefill, "run", lambda slots, prompts: buckets.append(len(prompts)) or run(slots, prompts)
+    )
+    texts = {"short": "Hello there.", "long": " ".join(["A much longer sentence, read in full."] * 12), "also": "Hi."}
+
+    def codes(names):
+        voices = {name: engine.voice_request("custom_voice", texts[name], speaker="ryan") for name in names}
+        streams = [engine.submit(name, voices[name], SamplingParams(seed=3), max_frames=6) for name in names]
+        engine.run_until_idle()
+        return {name: stream.collect() for name, stream in zip(names, streams, strict=True)}, voices
+
+    together, voices = codes(["short", "long", "also"])
+    lengths = {name: build_prompt(tiny_loaded.config, voice).num_positions for name, voice in voices.items()}
+    assert lengths["short"] <= 64 and lengths["also"] <= 64 and lengths["long"] > 128
+    assert buckets == [2, 1], "the two short prompts in one batch, the long one in another"
+    for name in texts:
+        np.testing.assert_array_equal(together[name], codes([name])[0][name])

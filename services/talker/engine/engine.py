@@ -461,10 +461,13 @@ class TalkerEngine:
         # Prompts that fit the largest padded bucket share one forward; a longer one (a request resumed deep into its
         # audio) runs alone, so the others are not padded to its length.
         short = [request for request in ready if request.prompt.num_positions <= LENGTH_BUCKETS[-1]]
-        # Plain prompts (most) prefill from their ids in one replay (`PlainPrefill`), the others from embeddings.
-        plain = [request for request in short if request.prompt.plain]
-        batches = [plain, [request for request in short if not request.prompt.plain]]
-        for batch in [batch for batch in batches if batch] + [[request] for request in ready if request not in short]:
+        # Plain prompts (most) prefill from their ids in one replay (`PlainPrefill`), the others from embeddings;
+        # each kind in batches of like lengths, so that short prompts are not padded to a long one's bucket.
+        batches = []
+        for is_plain in (True, False):
+            kind = [request for request in short if request.prompt.plain is is_plain]
+            batches += [[kind[index] for index in batch] for batch in self._batches_by_length(kind)]
+        for batch in batches + [[request] for request in ready if request not in short]:
             self._prefill_batch(batch)
         # A resumed request's prefill sampled what the decode step of its last prefix frame sampled: the same stop
         # rule applies (EOS, or its limits reached), which needs that id on the host now — one wait for the device.
@@ -518,6 +521,14 @@ class TalkerEngine:
             frames = np.frombuffer(request.frame_log, dtype=np.int16).reshape(-1, self.model_config.num_code_groups)
             request.voice.prefix_frames = torch.from_numpy(frames.astype(np.int64))
         self.scheduler.requeue(request)
+
+    def _batches_by_length(self, requests: list[TalkerRequest]) -> list[list[int]]:
+        """Indices of `requests` in prefill batches (`PaddedPrefill.batches`); one batch without a padded prefill."""
+        if not requests:
+            return []
+        if self.runner.padded_prefill is None:
+            return [list(range(len(requests)))]
+        return self.runner.padded_prefill.batches([request.prompt.num_positions for request in requests])
 
     def _prefill_batch(self, requests: list[TalkerRequest]) -> None:
         slots = [request.slot for request in requests]
