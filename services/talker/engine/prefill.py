@@ -49,9 +49,7 @@ def prefill_bucket(num_rows: int, length: int, max_rows: int = 16) -> tuple[int,
     return None if rows is None or padded is None else (rows, padded)
 
 
-def batches_by_length(
-    lengths: list[int], cost: Callable[[int, int], float], max_rows: int = 16
-) -> list[list[int]]:
+def batches_by_length(lengths: list[int], cost: Callable[[int, int], float], max_rows: int = 16) -> list[list[int]]:
     """The indices of prompts of these `lengths` (each fitting a length bucket) in prefill batches: one batch per
     length bucket, shortest first, each merged into the one before while a forward of the two together costs no
     more than two forwards (`cost(rows, length)` of a bucket) and a bucket holds them."""
