@@ -92,3 +92,19 @@ def test_aborting_neighbours_mid_step_changes_no_other_requests_codes(tiny_loade
     engine.run_until_idle()
     for name in "def":
         np.testing.assert_array_equal(streams[name].collect(), undisturbed[name], err_msg=f"request {name}")
+
+
+def test_a_steps_prompts_batched_by_length_each_give_their_codes_alone(tiny_loaded, monkeypatch):
+    engine = _engine(tiny_loaded, compile_step=True)
+    plain = engine.runner.plain_prefill
+    batches, run = [], plain.run
+    monkeypatch.setattr(plain, "run", lambda slots, prompts: batches.append(len(prompts)) or run(slots, prompts))
+    kwargs, sampling = {"mode": "custom_voice", "speaker": "ryan"}, SamplingParams(seed=4)
+    texts = [TEXT, LONG_TEXT, "Hi."]
+    streams = [_run(engine, f"together{index}", text, kwargs, sampling) for index, text in enumerate(texts)]
+    engine.run_until_idle()
+    assert batches == [2, 1], "the two short prompts in one replay, the long one in another"
+    for text, stream in zip(texts, streams, strict=True):
+        alone = _run(engine, "alone", text, kwargs, sampling)
+        engine.run_until_idle()
+        np.testing.assert_array_equal(stream.collect(), alone.collect())
