@@ -7,6 +7,7 @@ audio bytes; RTF is end-to-end latency over the audio's duration.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 
@@ -42,20 +43,23 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def count_underruns(arrivals: list[tuple[float, float]], threshold_s: float = UNDERRUN_THRESHOLD_S) -> int:
-    """Times a player that starts at the first piece and plays in real time runs dry for more than
-    `threshold_s`. After running dry it waits for the next piece and plays on (its clock shifts by the wait)."""
+def underruns(
+    arrivals: list[tuple[float, float]], threshold_s: float = UNDERRUN_THRESHOLD_S
+) -> list[tuple[int, float]]:
+    """Each time a player that starts at the first piece and plays in real time runs dry for more than
+    `threshold_s`: (the index of the piece it waited for, how long it waited in s). After running dry it waits for
+    the next piece and plays on (its clock shifts by the wait)."""
     if not arrivals:
-        return 0
-    play_started_at, buffered_s, underruns = arrivals[0][0], 0.0, 0
-    for arrived_at, duration_s in arrivals:
+        return []
+    play_started_at, buffered_s, events = arrivals[0][0], 0.0, []
+    for index, (arrived_at, duration_s) in enumerate(arrivals):
         deficit_s = (arrived_at - play_started_at) - buffered_s
         if deficit_s > threshold_s:
-            underruns += 1
+            events.append((index, deficit_s))
         if deficit_s > 0:
             play_started_at += deficit_s
         buffered_s += duration_s
-    return underruns
+    return events
 
 
 def summarize(timings: list[RequestTiming], wall_s: float) -> dict:
@@ -64,7 +68,7 @@ def summarize(timings: list[RequestTiming], wall_s: float) -> dict:
     ttfp_ms = [(t.first_audio_at - t.sent_at) * 1000 for t in done]
     latency_ms = [(t.finished_at - t.sent_at) * 1000 for t in done]
     rtf = [(t.finished_at - t.sent_at) / t.audio_s for t in done if t.audio_s > 0]
-    underruns = [count_underruns(t.arrivals) for t in done]
+    events = [event for t in done for event in underruns(t.arrivals)]
     errors: dict[str, int] = {}
     error_examples: dict[str, list[dict]] = {}  # the first few of each kind: a count alone does not say why
     for timing in timings:
@@ -83,8 +87,13 @@ def summarize(timings: list[RequestTiming], wall_s: float) -> dict:
         "rtf": {f"p{q}": _rounded(percentile(rtf, q), 4) for q in (50, 99)},
         "audio_s": round(sum(t.audio_s for t in done), 3),
         "audio_s_per_s": round(sum(t.audio_s for t in done) / wall_s, 2) if wall_s > 0 else math.nan,
-        "requests_with_underruns": sum(1 for count in underruns if count),
-        "underrun_events": sum(underruns),
+        "requests_with_underruns": sum(1 for t in done if underruns(t.arrivals)),
+        "underrun_events": len(events),
+        # Where players ran dry: the index of the piece each waited for (0 is a stream's first audio), and for how long.
+        "underruns_by_piece": {
+            str(index): count for index, count in sorted(collections.Counter(i for i, _ in events).items())
+        },
+        "underrun_wait_ms": {f"p{q}": _rounded(percentile([wait * 1000 for _, wait in events], q)) for q in (50, 99)},
         "wall_s": round(wall_s, 3),
     }
 

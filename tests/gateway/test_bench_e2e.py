@@ -14,7 +14,7 @@ from speech_stack import hosted, speech_stack
 from chorus.bench import diffusion, tts
 from chorus.bench.cli import register
 from chorus.bench.diffusion import stage_stacks
-from chorus.bench.metrics import RequestTiming, count_underruns, percentile, steady_quarters
+from chorus.bench.metrics import RequestTiming, percentile, steady_quarters, summarize, underruns
 from chorus.bench.report import write
 from chorus.bench.ttfp import STAGES
 from chorus.diffusion.config import DiffusionConfig
@@ -32,13 +32,18 @@ def test_percentile_interpolates_between_ranks():
 
 def test_underruns_of_a_real_time_player():
     steady = [(i * 0.08, 0.08) for i in range(20)]  # each 80 ms piece arrives as the last one ends
-    assert count_underruns(steady) == 0
+    assert underruns(steady) == []
     ahead = [(0.0, 1.0), (1.05, 0.5)]  # 50 ms late after a 1 s buffer: under the 100 ms threshold
-    assert count_underruns(ahead) == 0
+    assert underruns(ahead) == []
     stalls = [(0.0, 0.2), (0.5, 0.2), (0.75, 0.2), (1.5, 0.2)]
-    # dry for 0.3 s at 0.5 (clock shifts), fine at 0.75, dry for 0.55 s at 1.5: two underruns
-    assert count_underruns(stalls) == 2
-    assert count_underruns([]) == 0
+    # dry for 0.3 s waiting for piece 1 (the clock shifts), fine at 0.75, dry for 0.55 s waiting for piece 3
+    assert underruns(stalls) == [(1, pytest.approx(0.3)), (3, pytest.approx(0.55))]
+    assert underruns([]) == []
+    late_second = RequestTiming(0.0, 0.1, 2.0, [(0.1, 0.08), (0.4, 0.16), (0.5, 1.0)])
+    summary = summarize([RequestTiming(0.0, 0.1, 2.0, stalls), late_second], wall_s=2.0)
+    assert summary["underrun_events"] == 3 and summary["requests_with_underruns"] == 2
+    assert summary["underruns_by_piece"] == {"1": 2, "3": 1}
+    assert summary["underrun_wait_ms"] == {"p50": 300.0, "p99": 545.0}
 
 
 def test_steady_quarters_show_a_run_that_slows_down():
