@@ -20,12 +20,12 @@ class HostMirror:
         self.device_table = device_table
         self.host = device_table.cpu().numpy().copy()  # edit this, then `mark_changed`
         self._changed = False
-        on_cuda = device_table.device.type == "cuda"
-        # Two staging buffers, each reused only once the copy from it ran (its event): filling one while the stream
-        # still copies from it would upload the new values early.
-        self._staging = [torch.empty_like(device_table, device="cpu", pin_memory=on_cuda) for _ in range(2)]
-        self._copied = [torch.cuda.Event() if on_cuda else None for _ in range(2)]
-        self._next = 0
+        self._on_cuda = device_table.device.type == "cuda"
+        # Pinned staging buffers, each with the event of the last copy from it, reused only once that copy ran:
+        # filling one while the stream still copies from it would upload the new values early. A table uploaded
+        # more often than steps complete (one prefill batch after another in a step) gets another buffer rather
+        # than waiting for the stream.
+        self._staging: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
 
     def mark_changed(self) -> None:
         self._changed = True
@@ -36,10 +36,7 @@ class HostMirror:
         if not self._changed:
             return
         self._changed = False
-        staging, copied = self._staging[self._next], self._copied[self._next]
-        self._next ^= 1
-        if copied is not None:
-            copied.synchronize()  # done long ago in practice: a step ran since
+        staging, copied = self._free_staging()
         target, host = self.device_table, self.host
         if num_rows is not None:  # views only then: each is a PyTorch call, and a whole table is uploaded every step
             target, staging, host = target[:num_rows], staging[:num_rows], host[:num_rows]
@@ -47,3 +44,12 @@ class HostMirror:
         target.copy_(staging, non_blocking=True)
         if copied is not None:
             copied.record()
+
+    def _free_staging(self) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """A staging buffer no copy still reads (on the CPU every copy is done when it returns)."""
+        for staging, copied in self._staging:
+            if copied is None or copied.query():
+                return staging, copied
+        staging = torch.empty_like(self.device_table, device="cpu", pin_memory=self._on_cuda)
+        self._staging.append((staging, torch.cuda.Event() if self._on_cuda else None))
+        return self._staging[-1]
