@@ -328,53 +328,6 @@ async def test_streams_well_ahead_of_their_listeners_share_a_sweep(tiny_codec):
             await engine.stop()
 
 
-async def test_pressing_streams_go_before_the_rest_of_a_round(tiny_codec):
-    """A round of two batches (pieces of 1 and of 3 frames): of the pieces that come while its first batch runs, a
-    newcomer's first (its listener has no audio yet) decodes next, before the round's second batch; one of a stream
-    seconds ahead of its listener waits for the next round. Every stream's audio stays exact."""
-    codes = random_codes(54, seed=7, batch_size=4)
-    reports: list[BatchReport] = []
-    runner = CodecRunner(tiny_codec.decoder, max_streams=4)
-    engine = DecodeEngine(runner, EngineSettings(batch_window_s=0.0, sweep_interval_s=0.0), on_batch=reports.append)
-    hold, held, release = threading.Event(), threading.Event(), threading.Event()
-    decode = runner.decode
-
-    def decode_held_once(*args):  # once armed, the next batch runs until the newcomers have sent their frames
-        if hold.is_set() and not held.is_set():
-            held.set()
-            assert release.wait(10)
-        return decode(*args)
-
-    runner.decode = decode_held_once
-    await engine.start()
-    try:
-        ahead = engine.open_stream("ahead")
-        await ahead.send(codes[3, :50].numpy())  # 4 s of audio, decoded in well under a second
-        while ahead.num_frames_decoded < 50:
-            await anext(ahead)
-        reports.clear()
-        hold.set()
-        short, long = engine.open_stream("short"), engine.open_stream("long")
-        await long.send(codes[0, :3].numpy())
-        await short.send(codes[1, :1].numpy())
-        assert await asyncio.to_thread(held.wait, 10)
-        newcomer = engine.open_stream("newcomer")
-        await newcomer.send(codes[2, :1].numpy())
-        await ahead.send(codes[3, 50:].numpy())
-        release.set()
-        pieces = [await anext(stream) for stream in (short, newcomer, long)]
-        await anext(ahead)
-        assert [(report.batch_size, report.num_frames) for report in reports] == [(1, 1), (1, 1), (1, 3), (1, 4)]
-        expected = [codes[1:2, :1], codes[2:3, :1], codes[0:1, :3]]
-        for piece, stream_codes in zip(pieces, expected, strict=True):
-            assert np.abs(piece.waveform - _one_shot(tiny_codec.decoder, stream_codes)).max() <= 1e-5
-        for stream in (short, long, newcomer, ahead):
-            stream.close()
-    finally:
-        release.set()
-        await engine.stop()
-
-
 @pytest.mark.parametrize(
     ("urgent", "ahead", "counts"),
     [

@@ -38,10 +38,6 @@ class EngineSettings:
     # with each other, streams past their first chunks would otherwise decode a few at a time. 0: no sweeps.
     sweep_interval_s: float = 0.05
     ahead_lead_s: float = 1.0
-    # A stream whose listener has less than this much audio left, or none yet (a newcomer), is pressing: its pieces
-    # decode between the batches of a round, not after them. Under the 0.1 s a player may wait for audio, plus a
-    # round's first batch.
-    pressing_lead_s: float = 0.2
     max_chunk_frames: int = 25  # longer chunks are decoded in pieces (exact: the state carries over)
     # Decode pieces of these frame counts only (include 1); empty: any count. On CUDA the captured graph lengths,
     # so every decode replays a graph: an uncaptured length runs eager and autotunes its convolutions (~1 s). A
@@ -236,15 +232,8 @@ class DecodeEngine:
             if self.settings.batch_window_s > 0 and self._may_join_soon():
                 await asyncio.sleep(self.settings.batch_window_s)
             self._reap_idle()
-            batches = self._plan_batches()
-            for index, batch in enumerate(batches):
+            for batch in self._plan_batches():
                 await self._decode_batch(batch)
-                # Pressing streams' pieces that came while this batch ran decode before the round's other batches: a
-                # newcomer's first audio, or a listener's next, waits for one batch, not a round (several at 256
-                # streams, ~28 ms each).
-                if index < len(batches) - 1:
-                    for pressing in self._plan_batches(pressing_only=True):
-                        await self._decode_batch(pressing)
             now_s = time.monotonic()
             if any(record.can_schedule() and self._is_urgent(record, now_s) for record in self._streams.values()):
                 self._wakeup.set()
@@ -257,9 +246,6 @@ class DecodeEngine:
             return True
         return record.lead_s(now_s, self._frame_s) < self.settings.ahead_lead_s
 
-    def _is_pressing(self, record: StreamRecord, now_s: float) -> bool:
-        return not record.is_started or record.lead_s(now_s, self._frame_s) < self.settings.pressing_lead_s
-
     def _may_join_soon(self) -> bool:
         """Whether an open stream without frames to decode could send some within the batching window, which is
         what the window waits for. With none (a lone stream, or every stream with work already) it would only
@@ -269,20 +255,19 @@ class DecodeEngine:
             for record in self._streams.values()
         )
 
-    def _plan_batches(self, pressing_only: bool = False) -> list[list[_Piece]]:
+    def _plan_batches(self) -> list[list[_Piece]]:
         """Takes one piece from every schedulable stream that is urgent, and in a sweep from the others too, and
         groups pieces of equal length into batches (`batch_counts`): the streams a sweep leaves, and the first
-        stream left waiting outside a sweep, set the next sweep. `pressing_only`: from pressing streams alone (all
-        urgent), and never a sweep."""
+        stream left waiting outside a sweep, set the next sweep."""
         now_s = time.monotonic()
-        is_sweep = not pressing_only and self._sweep_at_s is not None and now_s >= self._sweep_at_s
+        is_sweep = self._sweep_at_s is not None and now_s >= self._sweep_at_s
         if is_sweep:
             self._sweep_at_s = None
         # (stream, frames taken, frames decoded) by the frames decoded
         urgent: dict[int, list[tuple[StreamRecord, int, int]]] = collections.defaultdict(list)
         ahead: dict[int, list[tuple[StreamRecord, int, int]]] = collections.defaultdict(list)
         for record in self._streams.values():
-            if not record.can_schedule() or (pressing_only and not self._is_pressing(record, now_s)):
+            if not record.can_schedule():
                 continue
             is_urgent = self._is_urgent(record, now_s)
             if not (is_urgent or is_sweep):
