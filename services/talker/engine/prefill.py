@@ -10,10 +10,11 @@ shapes, so they compute the same numbers; a batch or prompt beyond the largest b
 Every bucket works on views of one set of buffers sized for the largest: input embeddings, positions, and the
 scratch cache the forward writes (the runner copies it into the slots' cache).
 
-A step's prompts are padded to the longest of their batch, so prompts of very different lengths prefill in
-separate batches when two forwards cost less than one (`batches_by_length`): a batch of 27-position prompts in the
-(32, 64) bucket rather than padded with 150-position ones into (32, 256), four times the work. What a bucket's
-forward costs is timed once its graph is captured; a replay's fixed cost (hundreds of kernels) is part of it.
+A batch's prompts are padded to its longest, so prompts of very different lengths prefill in separate batches
+when two forwards cost less than one (`batches_by_length`): 27-position prompts in the (32, 64) bucket rather than
+padded with 150-position ones into (32, 192), which takes three times as long (7.6 against 23.0 ms at 0.6B on an
+H100). What a bucket's forward costs is timed once its graph is captured, a replay's fixed cost (hundreds of
+kernels) included.
 """
 
 from __future__ import annotations
