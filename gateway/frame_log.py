@@ -17,6 +17,7 @@ from chorus.v1 import common_pb2
 
 NUM_CODEBOOKS = 16  # the Qwen3-TTS 12 Hz codec
 FRAME_BYTES = 2 * NUM_CODEBOOKS  # int16 codes, frame-major
+TIMED_FRAMES = 32  # when each of a segment's first frames came is kept: its first pieces' (1 + 2 + 4 + 8 + 16 frames)
 
 
 class FrameSink(Protocol):
@@ -36,8 +37,13 @@ class FrameLog:
         self.is_taken_over = is_taken_over  # the segment's run began in another gateway process
         self.error: BaseException | None = None
         self.sink = sink
-        self.first_frame_at: float | None = None  # when this process got its first frame (time.time())
+        # When this process got each frame past `initial`, the first TIMED_FRAMES of them (time.time()).
+        self.frame_times: list[float] = []
         self._changed = asyncio.Event()
+
+    @property
+    def first_frame_at(self) -> float | None:
+        return self.frame_times[0] if self.frame_times else None
 
     @property
     def num_frames(self) -> int:
@@ -45,9 +51,10 @@ class FrameLog:
 
     async def append(self, chunk: common_pb2.CodecChunk) -> None:
         offset = self.num_frames
-        if self.first_frame_at is None and chunk.codes:
-            self.first_frame_at = time.time()
         self._codes += chunk.codes
+        if len(self.frame_times) < TIMED_FRAMES:
+            new_frames = min(self.num_frames - offset, TIMED_FRAMES - len(self.frame_times))
+            self.frame_times += [time.time()] * new_frames
         self._changed.set()
         if self.sink is not None:
             await self.sink.frames(offset, chunk.codes)

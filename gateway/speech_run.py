@@ -6,7 +6,8 @@ pauses while it is `max_lead_s` of audio ahead of them. Each segment's codec fra
 `FrameLog` (what a backend fail-over continues from) and journaled in Redis (what another gateway
 process continues from when it takes the run over: `frames`, one per segment). The run marks on its
 record when its first audio's frames came from the talker (first_frame), its PCM from the vocoder (first_pcm)
-and its first bytes were journaled for readers (first_audio).
+and its first bytes were journaled for readers (first_audio); and for its next few pieces, when each one's frames
+and PCM came and when it was journaled (frames_1, pcm_1, journaled_1, …).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from chorus.gateway.metrics import REAL_TIME_FACTOR, TIME_TO_FIRST_AUDIO_S
 from chorus.gateway.ordered import ordered_concurrent
 from chorus.gateway.output_lead import OutputLead
 from chorus.gateway.segmenter import split_segments
+from chorus.gateway.speech_pipeline import CODEC_FRAME_RATE_HZ
 from chorus.gateway.state.cancel import CancelListener
 from chorus.gateway.state.frames import FrameJournal, SegmentFrames
 from chorus.gateway.state.journal import JournalPosition, OutputJournal
@@ -31,6 +33,7 @@ from chorus.v1 import common_pb2, talker_pb2
 from chorus.wire import chunk_to_pcm
 
 _DEFAULT_RATE_HZ = 24_000  # Qwen3-TTS output rate, for the header of an empty result
+MARKED_PIECES = 4  # a run's first pieces of audio, whose timings go on its timeline (`SpeechRun._mark_piece_came`)
 
 # (segment request, its frames) → PCM chunks; in production `synthesize_segment` bound to the backend pool.
 SegmentSource = Callable[[talker_pb2.SynthesisRequest, FrameLog], AsyncIterator[common_pb2.PcmChunk]]
@@ -110,11 +113,24 @@ class SpeechRun(JournaledRun):
             for index, kept in enumerate(frames)
         ]
 
+    def _mark_piece_came(self, piece: int, num_frames: float) -> None:
+        """At one of a run's first MARKED_PIECES pieces of PCM: marks when the talker's frames it decodes came (the
+        last of them) and when its PCM came — the first piece's `first_frame` and `first_pcm`, the others'
+        `frames_<piece>` and `pcm_<piece>` (`chorus bench tts` splits TTFP, and the waits of players that ran dry,
+        by them). `num_frames`: the frames decoded so far, this piece's included."""
+        if piece >= MARKED_PIECES:
+            return
+        frames, pcm = ("first_frame", "first_pcm") if piece == 0 else (f"frames_{piece}", f"pcm_{piece}")
+        log, last_frame = self.frame_logs[0], round(num_frames) - 1
+        if not log.is_taken_over and last_frame < len(log.frame_times):
+            self.mark(frames, log.frame_times[last_frame])
+        self.mark(pcm)
+
     async def _produce(self) -> dict:
         started = time.monotonic()
         encoder: StreamingEncoder | None = None
         is_flushed = False
-        sequence, num_samples, sample_rate_hz = 0, 0, 0
+        sequence, num_samples, sample_rate_hz, piece = 0, 0, 0, 0
         chunks = ordered_concurrent(
             range(len(self.segments)),
             lambda index: self.source(self.segments[index], self.frame_logs[index]),
@@ -128,20 +144,21 @@ class SpeechRun(JournaledRun):
                 if pcm is None:
                     break
                 samples = chunk_to_pcm(pcm)
-                if encoder is None:  # the first audio: how long its parts took (`chorus bench tts` splits TTFP)
-                    if self.frame_logs[0].first_frame_at is not None:
-                        self.mark("first_frame", self.frame_logs[0].first_frame_at)
-                    self.mark("first_pcm")
+                if encoder is None:
                     sample_rate_hz = pcm.sample_rate_hz
                     encoder = StreamingEncoder(
                         self.response_format, sample_rate_hz, samples.shape[1], self.speed, self.encoder_threads
                     )
                 num_samples += samples.shape[0]
+                self._mark_piece_came(piece, num_samples * CODEC_FRAME_RATE_HZ / sample_rate_hz)
                 data = await encoder.encode_async(samples)
                 next_sequence = await self._journal(sequence, data)
                 if self.lead is not None and next_sequence > sequence:
                     self.lead.journaled(sequence, num_samples / sample_rate_hz)
                 sequence = next_sequence
+                if 0 < piece < MARKED_PIECES:
+                    self.mark(f"journaled_{piece}")
+                piece += 1
                 if self.time_to_first_audio_s is None and sequence > 0:
                     self.mark("first_audio")
                     self.time_to_first_audio_s = time.monotonic() - started

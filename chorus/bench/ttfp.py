@@ -10,6 +10,10 @@ admission and start, and the client's TTFP, they split each sampled request's TT
   vocoder         → their PCM at the gateway (vocoder gRPC, first chunk's decode, back)
   encode_journal  → first bytes journaled (encoding, the journal's Redis write)
   client          the rest of the client's TTFP: sending the request, the bytes after the journal
+
+For the next few pieces a run marks when each one's frames came (`frames_<piece>`), its PCM (`pcm_<piece>`) and
+when it was journaled (`journaled_<piece>`): where a player ran dry, they say which part made the piece it waited
+for late (`underrun_stages`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import statistics
 
 import aiohttp
 
-from chorus.bench.metrics import RequestTiming
+from chorus.bench.metrics import RequestTiming, underruns
 
 SAMPLE = 32  # requests read per level, spread over it
 STAGES = ("admission", "start", "talker", "vocoder", "encode_journal", "client")
@@ -51,21 +55,65 @@ def sampled(timings: list[RequestTiming], size: int = SAMPLE) -> list[RequestTim
     return usable[::step][:size]
 
 
+def underrun_stages(timing: RequestTiming, timeline_ms: dict[str, float]) -> dict[str, float] | None:
+    """Where the piece a request's player first ran dry waiting for was, in ms after the request's first audio:
+    when its frames came from the talker (`frames`), its PCM from the vocoder (`pcm`), it was journaled
+    (`journaled`; these three on the gateway's clock, from `first_audio`), the client got it (`client`; on the
+    client's clock, from the first piece), against when the player needed it (`due`: the audio before it). None
+    without an underrun, or where the run has no marks for that piece."""
+    events = underruns(timing.arrivals)
+    if not events or "first_audio_ms" not in timeline_ms:
+        return None
+    piece = events[0][0]
+    marks = {stage: timeline_ms.get(f"{stage}_{piece}_ms") for stage in ("frames", "pcm", "journaled")}
+    if None in marks.values():
+        return None
+    split = {stage: at_ms - timeline_ms["first_audio_ms"] for stage, at_ms in marks.items()}
+    split["client"] = (timing.arrivals[piece][0] - timing.arrivals[0][0]) * 1000
+    split["due"] = sum(duration_s for _, duration_s in timing.arrivals[:piece]) * 1000
+    return split
+
+
+async def _timeline_ms(http: aiohttp.ClientSession, request_id: str) -> dict[str, float] | None:
+    async with http.get(f"/v1/requests/{request_id}") as reply:
+        if reply.status != 200:
+            return None
+        record = await reply.json()
+    return record.get("timeline") or {}
+
+
 async def level_ttfp_stages(http: aiohttp.ClientSession, timings: list[RequestTiming]) -> dict:
     """Medians of the sampled requests' TTFP stages in ms, or {"skipped": why}."""
     splits = []
     for timing in sampled(timings):
-        async with http.get(f"/v1/requests/{timing.request_id}") as reply:
-            if reply.status != 200:
-                continue
-            record = await reply.json()
-        split = ttfp_stages((timing.first_audio_at - timing.sent_at) * 1000, record.get("timeline") or {})
+        timeline_ms = await _timeline_ms(http, timing.request_id)
+        split = (
+            None if timeline_ms is None else ttfp_stages((timing.first_audio_at - timing.sent_at) * 1000, timeline_ms)
+        )
         if split is not None:
             splits.append(split)
     if not splits:
         return {"skipped": "no sampled request's record has the first-audio marks"}
+    return {"requests": len(splits), "p50_ms": _medians(splits, STAGES)}
+
+
+async def level_underrun_stages(http: aiohttp.ClientSession, timings: list[RequestTiming]) -> dict:
+    """Medians of `underrun_stages` over a sample of the requests whose players ran dry, or {"skipped": why}."""
+    dry = [timing for timing in timings if underruns(timing.arrivals)]
+    splits = []
+    for timing in sampled(dry):
+        timeline_ms = await _timeline_ms(http, timing.request_id)
+        split = None if timeline_ms is None else underrun_stages(timing, timeline_ms)
+        if split is not None:
+            splits.append(split)
+    if not splits:
+        return {"skipped": "no player ran dry" if not dry else "no sampled record marks the piece waited for"}
+    return {"requests": len(splits), "p50_ms": _medians(splits, ("frames", "pcm", "journaled", "client", "due"))}
+
+
+def _medians(splits: list[dict[str, float]], stages: tuple[str, ...]) -> dict[str, float]:
     medians = {}
-    for stage in STAGES:
+    for stage in stages:
         if values := [split[stage] for split in splits if stage in split]:
             medians[stage] = round(statistics.median(values), 2)
-    return {"requests": len(splits), "p50_ms": medians}
+    return medians

@@ -113,6 +113,8 @@ async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, r
         # not add up to the median TTFP, but a stage's median of three non-negative parts is at most half their sum,
         # so the medians add up to at most half the three TTFPs t1 ≤ t2 ≤ t3, so to t2 + t3 / 2: below 1.5 × the p99.
         assert sum(stages["p50_ms"].values()) <= 1.5 * level["ttfp_ms"]["p99"], stages
+        if not level["underrun_events"]:  # else the pieces waited for are timed (test_bench_ttfp.py)
+            assert level["underrun_stages"] == {"skipped": "no player ran dry"}, level["underrun_stages"]
     path = write(tmp_path, "tts", {"concurrency": [1, 2]}, levels, tts.check_targets(levels), "cpu test")
     report = json.loads(path.read_text())
     assert report["levels"] == levels and report["targets"][0]["metric"] == "ttfp_ms.p50"

@@ -1,11 +1,12 @@
-"""Splitting a request's time to first audio at the marks its run left on the record."""
+"""Splitting a request's time to first audio, and the wait of a player that ran dry, at the marks its run left on the
+record."""
 
 from __future__ import annotations
 
 import pytest
 
 from chorus.bench.metrics import RequestTiming
-from chorus.bench.ttfp import STAGES, sampled, ttfp_stages
+from chorus.bench.ttfp import STAGES, sampled, ttfp_stages, underrun_stages
 
 
 def test_the_stages_add_up_to_the_clients_ttfp():
@@ -39,3 +40,16 @@ def test_the_sample_spreads_over_the_requests_with_audio_and_an_id():
     assert len(picked) == 10
     assert all(t.error is None and t.request_id for t in picked)
     assert picked[0].request_id == "r0" and int(picked[-1].request_id[1:]) >= 80
+
+
+def test_a_piece_a_player_waited_for_is_timed_from_the_first_audio():
+    # Pieces of 80, 160 and 320 ms; the second (piece 1) reaches the client 300 ms after the first: 220 ms dry.
+    timing = RequestTiming(0.0, 0.05, 2.0, [(0.05, 0.08), (0.35, 0.16), (0.4, 0.32)], request_id="r")
+    timeline = {"first_frame_ms": 20.0, "first_pcm_ms": 30.0, "first_audio_ms": 40.0,
+                "frames_1_ms": 60.0, "pcm_1_ms": 320.0, "journaled_1_ms": 330.0}  # fmt: skip
+    split = underrun_stages(timing, timeline)
+    assert split == pytest.approx({"frames": 20.0, "pcm": 280.0, "journaled": 290.0, "client": 300.0, "due": 80.0})
+    del timeline["pcm_1_ms"]  # a run that did not mark that piece
+    assert underrun_stages(timing, timeline) is None
+    steady = RequestTiming(0.0, 0.05, 2.0, [(0.05, 0.08), (0.1, 0.16)], request_id="s")
+    assert underrun_stages(steady, timeline) is None

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import io
 import json
+import math
 
 import av
 import grpc
@@ -58,6 +59,20 @@ async def test_speech_wav_and_pcm_carry_the_same_samples(stack):
     assert wav.content[44:] == pcm.content and len(pcm.content) % (2 * SAMPLES_PER_FRAME) == 0
     record = (await http.get(f"/v1/requests/{wav.headers['x-request-id']}")).json()
     assert len(pcm.content) / 2 / SAMPLE_RATE_HZ == pytest.approx(record["usage"]["audio_s"])
+
+
+async def test_a_runs_first_pieces_are_timed_on_its_timeline(stack):
+    """The first audio's frames, PCM and first bytes, then each next piece's frames, PCM and journal write, in order
+    (`chorus bench tts` splits TTFP and the waits of players that ran dry at these marks); only the first four."""
+    _, http, _, _ = stack
+    reply = await http.post("/v1/audio/speech", json=speech(response_format="pcm", max_frames=40))
+    assert reply.status_code == 200 and len(reply.content) == 40 * 2 * SAMPLES_PER_FRAME  # pieces of 1, 2, 4, 8, …
+    timeline = (await http.get(f"/v1/requests/{reply.headers['x-request-id']}")).json()["timeline"]
+    pieces = [[timeline[f"first_{stage}_ms"] for stage in ("frame", "pcm", "audio")]]
+    pieces += [[timeline[f"{stage}_{piece}_ms"] for stage in ("frames", "pcm", "journaled")] for piece in (1, 2, 3)]
+    for (frames, pcm, journaled), (next_frames, next_pcm, _) in zip(pieces, [*pieces[1:], [math.inf] * 3], strict=True):
+        assert frames <= pcm <= journaled <= next_pcm and frames <= next_frames, timeline
+    assert "pcm_4_ms" not in timeline
 
 
 async def test_speech_sse_streams_deltas_then_done(stack):
