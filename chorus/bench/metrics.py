@@ -68,7 +68,8 @@ def summarize(timings: list[RequestTiming], wall_s: float) -> dict:
     ttfp_ms = [(t.first_audio_at - t.sent_at) * 1000 for t in done]
     latency_ms = [(t.finished_at - t.sent_at) * 1000 for t in done]
     rtf = [(t.finished_at - t.sent_at) / t.audio_s for t in done if t.audio_s > 0]
-    events = [event for t in done for event in underruns(t.arrivals)]
+    dry = [underruns(t.arrivals) for t in done]
+    events = [event for request in dry for event in request]
     errors: dict[str, int] = {}
     error_examples: dict[str, list[dict]] = {}  # the first few of each kind: a count alone does not say why
     for timing in timings:
@@ -87,7 +88,7 @@ def summarize(timings: list[RequestTiming], wall_s: float) -> dict:
         "rtf": {f"p{q}": _rounded(percentile(rtf, q), 4) for q in (50, 99)},
         "audio_s": round(sum(t.audio_s for t in done), 3),
         "audio_s_per_s": round(sum(t.audio_s for t in done) / wall_s, 2) if wall_s > 0 else math.nan,
-        "requests_with_underruns": sum(1 for t in done if underruns(t.arrivals)),
+        "requests_with_underruns": sum(1 for request in dry if request),
         "underrun_events": len(events),
         # Where players ran dry: the index of the piece each waited for (0 is a stream's first audio), and for how long.
         "underruns_by_piece": {
