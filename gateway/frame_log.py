@@ -42,10 +42,6 @@ class FrameLog:
         self._changed = asyncio.Event()
 
     @property
-    def first_frame_at(self) -> float | None:
-        return self.frame_times[0] if self.frame_times else None
-
-    @property
     def num_frames(self) -> int:
         return len(self._codes) // FRAME_BYTES
 
