@@ -22,7 +22,7 @@ import torch
 from chorus.runtime.streams import capture_graph
 from chorus.talker.engine.host_mirror import HostMirror
 from chorus.talker.engine.kv_blocks import BLOCK_SIZE
-from chorus.talker.engine.prefill import LENGTH_BUCKETS, prefill_bucket, row_buckets
+from chorus.talker.engine.prefill import LENGTH_BUCKETS, buckets_largest_first, prefill_bucket
 from chorus.talker.prompt import NONE, Part, Prompt
 
 
@@ -110,9 +110,8 @@ class PlainPrefill:
 
     @torch.inference_mode()
     def capture_all(self) -> None:
-        """Every bucket, largest first, each warmed up on an empty batch (every row padded)."""
-        for rows in reversed(row_buckets(self.padded.max_rows)):
-            for length in reversed(LENGTH_BUCKETS):
-                if (rows, length) not in self.graphs:
-                    self._upload([], [], [], rows, length)
-                    self.capture(rows, length)
+        """Every bucket (`buckets_largest_first`), each warmed up on an empty batch (every row padded)."""
+        for bucket in buckets_largest_first(self.padded.max_rows):
+            if bucket not in self.graphs:
+                self._upload([], [], [], *bucket)
+                self.capture(*bucket)

@@ -38,6 +38,11 @@ def row_buckets(max_rows: int) -> tuple[int, ...]:
     return power_of_two_sizes(min(max_rows, MAX_PADDED_ROWS))
 
 
+def buckets_largest_first(max_rows: int) -> list[tuple[int, int]]:
+    """Every (rows, length) bucket, the largest first: captured in this order, the others reuse its pool memory."""
+    return [(rows, length) for rows in reversed(row_buckets(max_rows)) for length in reversed(LENGTH_BUCKETS)]
+
+
 def length_bucket(length: int) -> int | None:
     """The smallest length bucket holding a prompt, or None past the largest."""
     return next((bucket for bucket in LENGTH_BUCKETS if bucket >= length), None)
@@ -127,11 +132,10 @@ class PaddedPrefill:
         self.graphs[(rows, length)] = (graph, hidden)
 
     def capture_all(self) -> None:
-        """Every bucket, largest first so the others reuse its pool memory; then each replay timed."""
-        for rows in reversed(row_buckets(self.max_rows)):
-            for length in reversed(LENGTH_BUCKETS):
-                if (rows, length) not in self.graphs:
-                    self.capture(rows, length)
+        """Every bucket (`buckets_largest_first`); then each replay timed."""
+        for bucket in buckets_largest_first(self.max_rows):
+            if bucket not in self.graphs:
+                self.capture(*bucket)
         self.replay_ms = {bucket: _replay_ms(graph) for bucket, (graph, _) in self.graphs.items()}
 
 
