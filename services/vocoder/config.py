@@ -28,9 +28,14 @@ class VocoderConfig(ServiceConfig):
         2.0, "How long new work waits so concurrent chunks share one forward (not when no other stream could join)."
     )
     sweep_interval_ms: float = option(
-        50.0,
-        "Streams with over 1 s of audio decoded ahead of their listener wait for a sweep, this often, that decodes "
+        100.0,
+        "Streams with over 0.5 s of audio decoded ahead of their listener wait for a sweep, this often, that decodes "
         "them together (out of step, they would otherwise decode a few at a time); 0: every chunk at once.",
+    )
+    max_plan_batches: int = option(
+        2,
+        "Batches decoded back to back before the engine plans again, those of the streams least ahead of their "
+        "listeners first, so a newcomer's first chunks do not wait for a whole sweep; 0: no limit.",
     )
     idle_timeout_s: float = option(60.0, "A stream nobody sends to or reads from for this long is freed.")
     max_reference_audio_s: float = option(60.0, "Longest reference audio `Encode` accepts.")

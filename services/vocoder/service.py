@@ -143,6 +143,7 @@ class VocoderService(Service):
             max_batch_size=config.max_batch_size,
             batch_window_s=config.batch_window_ms / 1e3,
             sweep_interval_s=config.sweep_interval_ms / 1e3,
+            max_plan_batches=config.max_plan_batches,
             idle_timeout_s=config.idle_timeout_s,
             max_reference_audio_s=config.max_reference_audio_s,
         )

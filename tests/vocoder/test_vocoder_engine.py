@@ -328,6 +328,91 @@ async def test_streams_well_ahead_of_their_listeners_share_a_sweep(tiny_codec):
             await engine.stop()
 
 
+async def test_a_plan_runs_two_batches_least_lead_first_so_a_newcomer_waits_for_two_not_all(tiny_codec):
+    """While a first batch is held, a stream seconds ahead of its listener and two newcomers queue pieces of 3, 2 and
+    4 frames: the next plan decodes the newcomers' (no lead), the 2 before the 4, and leaves the other's queued; a
+    newcomer's first frame, sent while that plan's first batch is held, goes before it too. Every piece stays exact."""
+    codes = random_codes(53, seed=9, batch_size=5)
+    reports: list[BatchReport] = []
+    runner = CodecRunner(tiny_codec.decoder, max_streams=5)
+    settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=0.0, max_plan_batches=2)
+    engine = DecodeEngine(runner, settings, on_batch=reports.append)
+    holds = [(threading.Event(), threading.Event()) for _ in range(2)]  # (held, release) for batch 0 and 1
+    decode, decoded = runner.decode, []
+
+    def decode_held(*args):  # once armed (decoded == []), batches 0 and 1 run until the test lets them go
+        index = len(decoded)
+        decoded.append(index)
+        if index < len(holds):
+            held, release = holds[index]
+            held.set()
+            assert release.wait(10)
+        return decode(*args)
+
+    await engine.start()
+    try:
+        ahead = engine.open_stream("ahead")
+        await ahead.send(codes[0, :50].numpy())  # 4 s of audio, decoded in well under a second
+        while ahead.num_frames_decoded < 50:
+            await anext(ahead)
+        reports.clear()
+        runner.decode = decode_held
+        starter = engine.open_stream("starter")
+        await starter.send(codes[1, :1].numpy())
+        assert await asyncio.to_thread(holds[0][0].wait, 10)
+        two, four = engine.open_stream("two"), engine.open_stream("four")
+        await ahead.send(codes[0, 50:53].numpy())
+        await two.send(codes[2, :2].numpy())
+        await four.send(codes[3, :4].numpy())
+        holds[0][1].set()
+        assert await asyncio.to_thread(holds[1][0].wait, 10)
+        late = engine.open_stream("late")
+        await late.send(codes[4, :1].numpy())
+        holds[1][1].set()
+        pieces = [await anext(stream) for stream in (starter, two, four, late, ahead)]
+        assert [report.num_frames for report in reports] == [1, 2, 4, 1, 3]
+        expected = [codes[1:2, :1], codes[2:3, :2], codes[3:4, :4], codes[4:5, :1]]
+        for piece, stream_codes in zip(pieces[:-1], expected, strict=True):
+            assert np.abs(piece.waveform - _one_shot(tiny_codec.decoder, stream_codes)).max() <= 1e-5
+        assert np.abs(pieces[-1].waveform - _one_shot(tiny_codec.decoder, codes[0:1])[50 * 1920 :]).max() <= 1e-5
+        for stream in (starter, two, four, late, ahead):
+            stream.close()
+    finally:
+        for _, release in holds:
+            release.set()
+        await engine.stop()
+
+
+async def test_a_sweep_cut_short_by_the_plan_cap_goes_on_at_once(tiny_codec):
+    """Two streams ahead of their listeners queue pieces of 2 and 4 frames: one sweep, two batches; with one batch a
+    plan, the second follows the first at once rather than a sweep interval later."""
+    codes = random_codes(54, seed=4, batch_size=2)
+    interval_s = 0.5
+    reports: list[BatchReport] = []
+    settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=interval_s, max_plan_batches=1)
+    engine = DecodeEngine(CodecRunner(tiny_codec.decoder, max_streams=2), settings, on_batch=reports.append)
+    await engine.start()
+    loop = asyncio.get_running_loop()
+    try:
+        streams = [engine.open_stream(f"s{index}") for index in range(2)]
+        for stream, stream_codes in zip(streams, codes, strict=True):  # 50 frames: 4 s of audio, ahead at once
+            await stream.send(stream_codes[:50].numpy())
+            while stream.num_frames_decoded < 50:
+                await anext(stream)
+        reports.clear()
+        await streams[0].send(codes[0, 50:52].numpy())
+        await streams[1].send(codes[1, 50:54].numpy())
+        await anext(streams[0])
+        first_at = loop.time()
+        await anext(streams[1])
+        assert [report.num_frames for report in reports] == [2, 4]
+        assert loop.time() - first_at < interval_s / 2, "the rest of the sweep waited for the next one"
+        for stream in streams:
+            stream.close()
+    finally:
+        await engine.stop()
+
+
 @pytest.mark.parametrize(
     ("urgent", "ahead", "counts"),
     [

@@ -3,7 +3,8 @@
 The asyncio side only enqueues and consumes: `DecodeStream.send` queues frames, the engine task groups the
 pending chunks of all streams by length into batches (after a short window; chunks of streams well ahead of their
 listeners wait for a sweep that decodes them together, in batches of the sizes the runner computes without idle
-rows), runs each batch off the event loop, and hands the audio to each stream's bounded output. A stream's decoder
+rows), runs a few of them off the event loop, those of the streams least ahead of their listeners first, plans
+again, and hands the audio to each stream's bounded output. A stream's decoder
 state is freed as soon as it finishes, is closed (cancelled) or goes idle past the timeout (abandoned).
 """
 
@@ -36,8 +37,12 @@ class EngineSettings:
     # A stream at least `ahead_lead_s` of audio ahead of its listener is not urgent: its chunks wait for a sweep, due
     # `sweep_interval_s` after the first chunk left waiting, which decodes every waiting stream together. Out of step
     # with each other, streams past their first chunks would otherwise decode a few at a time. 0: no sweeps.
-    sweep_interval_s: float = 0.05
-    ahead_lead_s: float = 1.0
+    sweep_interval_s: float = 0.1
+    ahead_lead_s: float = 0.5
+    # A plan (the batches decoded back to back before the engine looks at its streams again) runs at most this many
+    # batches, the least lead first; the pieces of the others stay queued, with a sweep due at once. So a newcomer's
+    # first pieces wait for two batches, not a whole sweep (six of ~30 ms at 256 streams); 0: no cap.
+    max_plan_batches: int = 2
     max_chunk_frames: int = 25  # longer chunks are decoded in pieces (exact: the state carries over)
     # Decode pieces of these frame counts only (include 1); empty: any count. On CUDA the captured graph lengths,
     # so every decode replays a graph: an uncaptured length runs eager and autotunes its convolutions (~1 s). A
@@ -256,9 +261,10 @@ class DecodeEngine:
         )
 
     def _plan_batches(self) -> list[list[_Piece]]:
-        """Takes one piece from every schedulable stream that is urgent, and in a sweep from the others too, and
-        groups pieces of equal length into batches (`batch_counts`): the streams a sweep leaves, and the first
-        stream left waiting outside a sweep, set the next sweep."""
+        """Plans one piece of every schedulable stream that is urgent, and in a sweep of the others too, groups
+        pieces of equal length into batches (`batch_counts`) and takes those of the first `max_plan_batches`, the
+        batches holding the streams of least lead first: the streams a sweep leaves, and the first stream left
+        waiting outside a sweep, set the next sweep; batches beyond the cap leave one due at once."""
         now_s = time.monotonic()
         is_sweep = self._sweep_at_s is not None and now_s >= self._sweep_at_s
         if is_sweep:
@@ -275,17 +281,22 @@ class DecodeEngine:
                 continue
             num_frames, decoded = self._next_piece(record)
             (urgent if is_urgent else ahead)[decoded].append((record, num_frames, decoded))
-        batches = []
+        planned = []
         for length in sorted(urgent.keys() | ahead.keys()):  # the shortest first: newcomers' first chunks
             # The least ahead first: those left wait for the next sweep.
             candidates = urgent[length] + sorted(ahead[length], key=lambda plan: plan[0].lead_s(now_s, self._frame_s))
             taken = 0
             for count in batch_counts(len(urgent[length]), len(ahead[length]), self.settings):
-                batches.append([self._take(*plan) for plan in candidates[taken : taken + count]])
+                planned.append(candidates[taken : taken + count])
                 taken += count
             if taken < len(candidates):
                 self._sweep_later(now_s)
-        return batches
+        cap = self.settings.max_plan_batches if self.settings.max_plan_batches > 0 else len(planned)
+        if len(planned) > cap:
+            # Earliest deadline first (the sort is stable: of equal leads, e.g. newcomers', the shortest pieces).
+            planned.sort(key=lambda plans: min(record.lead_s(now_s, self._frame_s) for record, _, _ in plans))
+            self._sweep_at_s = now_s
+        return [[self._take(*plan) for plan in plans] for plans in planned[:cap]]
 
     def _sweep_later(self, now_s: float) -> None:
         if self._sweep_at_s is None:
