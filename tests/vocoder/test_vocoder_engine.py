@@ -65,6 +65,14 @@ async def _run_stream(engine, codes: torch.Tensor, chunk_sizes: list[int], conte
     return np.concatenate([piece.waveform for piece in pieces]), stream.status
 
 
+async def _get_ahead(stream, codes: torch.Tensor) -> None:
+    """Sends a stream 50 frames (`codes` of one stream) and reads their audio: 4 s of it, decoded in well under a
+    second, so the stream is seconds ahead of its listener."""
+    await stream.send(codes[:50].numpy())
+    while stream.num_frames_decoded < 50:
+        await anext(stream)
+
+
 async def test_concurrent_streams_are_batched_and_exact(engine, tiny_codec):
     decoder = tiny_codec.decoder
     streams = [random_codes(n, seed=200 + n) for n in (51, 30, 76)]
@@ -298,10 +306,8 @@ async def test_streams_well_ahead_of_their_listeners_share_a_sweep(tiny_codec):
         loop = asyncio.get_running_loop()
         try:
             first, second = engine.open_stream("first"), engine.open_stream("second")
-            for stream in (first, second):  # 50 frames: 4 s of audio, decoded in well under a second
-                await stream.send(codes[0, :50].numpy())
-                while stream.num_frames_decoded < 50:
-                    await anext(stream)
+            for stream in (first, second):
+                await _get_ahead(stream, codes[0])
             reports.clear()
             sent_at = loop.time()
             await first.send(codes[1, :4].numpy())
@@ -352,9 +358,7 @@ async def test_a_plan_runs_two_batches_least_lead_first_so_a_newcomer_waits_for_
     await engine.start()
     try:
         ahead = engine.open_stream("ahead")
-        await ahead.send(codes[0, :50].numpy())  # 4 s of audio, decoded in well under a second
-        while ahead.num_frames_decoded < 50:
-            await anext(ahead)
+        await _get_ahead(ahead, codes[0])
         reports.clear()
         runner.decode = decode_held
         starter = engine.open_stream("starter")
@@ -395,10 +399,8 @@ async def test_a_sweep_cut_short_by_the_plan_cap_goes_on_at_once(tiny_codec):
     loop = asyncio.get_running_loop()
     try:
         streams = [engine.open_stream(f"s{index}") for index in range(2)]
-        for stream, stream_codes in zip(streams, codes, strict=True):  # 50 frames: 4 s of audio, ahead at once
-            await stream.send(stream_codes[:50].numpy())
-            while stream.num_frames_decoded < 50:
-                await anext(stream)
+        for stream, stream_codes in zip(streams, codes, strict=True):
+            await _get_ahead(stream, stream_codes)
         reports.clear()
         await streams[0].send(codes[0, 50:52].numpy())
         await streams[1].send(codes[1, 50:54].numpy())
@@ -443,10 +445,8 @@ async def test_a_sweep_leaves_the_streams_beyond_a_whole_batch_size_to_the_next(
     await engine.start()
     try:
         streams = [engine.open_stream(f"s{index}") for index in range(3)]
-        for stream, stream_codes in zip(streams, codes, strict=True):  # 50 frames: 4 s of audio, ahead at once
-            await stream.send(stream_codes[:50].numpy())
-            while stream.num_frames_decoded < 50:
-                await anext(stream)
+        for stream, stream_codes in zip(streams, codes, strict=True):
+            await _get_ahead(stream, stream_codes)
         reports.clear()
         for stream, stream_codes in zip(streams, codes, strict=True):
             await stream.send(stream_codes[50:].numpy())

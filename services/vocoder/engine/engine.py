@@ -4,8 +4,8 @@ The asyncio side only enqueues and consumes: `DecodeStream.send` queues frames, 
 pending chunks of all streams by length into batches (after a short window; chunks of streams well ahead of their
 listeners wait for a sweep that decodes them together, in batches of the sizes the runner computes without idle
 rows), runs a few of them off the event loop, those of the streams least ahead of their listeners first, plans
-again, and hands the audio to each stream's bounded output. A stream's decoder
-state is freed as soon as it finishes, is closed (cancelled) or goes idle past the timeout (abandoned).
+again, and hands the audio to each stream's bounded output. A stream's decoder state is freed as soon as it
+finishes, is closed (cancelled) or goes idle past the timeout (abandoned).
 """
 
 from __future__ import annotations
