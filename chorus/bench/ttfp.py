@@ -82,16 +82,23 @@ async def _timeline_ms(http: aiohttp.ClientSession, request_id: str) -> dict[str
     return record.get("timeline") or {}
 
 
-async def level_ttfp_stages(http: aiohttp.ClientSession, timings: list[RequestTiming]) -> dict:
-    """Medians of the sampled requests' TTFP stages in ms, or {"skipped": why}."""
+async def _splits(http: aiohttp.ClientSession, timings: list[RequestTiming], split_of) -> list[dict[str, float]]:
+    """`split_of(timing, timeline_ms)` of a sample of the requests, where their records have the marks it needs."""
     splits = []
     for timing in sampled(timings):
         timeline_ms = await _timeline_ms(http, timing.request_id)
-        split = (
-            None if timeline_ms is None else ttfp_stages((timing.first_audio_at - timing.sent_at) * 1000, timeline_ms)
-        )
-        if split is not None:
+        if timeline_ms is not None and (split := split_of(timing, timeline_ms)) is not None:
             splits.append(split)
+    return splits
+
+
+async def level_ttfp_stages(http: aiohttp.ClientSession, timings: list[RequestTiming]) -> dict:
+    """Medians of the sampled requests' TTFP stages in ms, or {"skipped": why}."""
+    splits = await _splits(
+        http,
+        timings,
+        lambda timing, timeline_ms: ttfp_stages((timing.first_audio_at - timing.sent_at) * 1000, timeline_ms),
+    )
     if not splits:
         return {"skipped": "no sampled request's record has the first-audio marks"}
     return {"requests": len(splits), "p50_ms": _medians(splits, STAGES)}
@@ -100,12 +107,7 @@ async def level_ttfp_stages(http: aiohttp.ClientSession, timings: list[RequestTi
 async def level_underrun_stages(http: aiohttp.ClientSession, timings: list[RequestTiming]) -> dict:
     """Medians of `underrun_stages` over a sample of the requests whose players ran dry, or {"skipped": why}."""
     dry = [timing for timing in timings if underruns(timing.arrivals)]
-    splits = []
-    for timing in sampled(dry):
-        timeline_ms = await _timeline_ms(http, timing.request_id)
-        split = None if timeline_ms is None else underrun_stages(timing, timeline_ms)
-        if split is not None:
-            splits.append(split)
+    splits = await _splits(http, dry, underrun_stages)
     if not splits:
         return {"skipped": "no player ran dry" if not dry else "no sampled record marks the piece waited for"}
     return {"requests": len(splits), "p50_ms": _medians(splits, ("frames", "pcm", "journaled", "client", "due"))}
