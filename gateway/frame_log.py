@@ -39,6 +39,8 @@ class FrameLog:
         self.sink = sink
         # When this process got each frame past `initial`, the first TIMED_FRAMES of them (time.time()).
         self.frame_times: list[float] = []
+        self.last_frames_at: float | None = None  # when the latest frames came here (time.time())
+        self.finished_at: float | None = None  # when the talker's Final came
         self._changed = asyncio.Event()
 
     @property
@@ -48,6 +50,7 @@ class FrameLog:
     async def append(self, chunk: common_pb2.CodecChunk) -> None:
         offset = self.num_frames
         self._codes += chunk.codes
+        self.last_frames_at = time.time()
         if len(self.frame_times) < TIMED_FRAMES:
             new_frames = min(self.num_frames - offset, TIMED_FRAMES - len(self.frame_times))
             self.frame_times += [time.time()] * new_frames
@@ -57,6 +60,7 @@ class FrameLog:
 
     async def finish(self) -> None:
         self.is_finished = True
+        self.finished_at = time.time()
         self._changed.set()
         if self.sink is not None:
             await self.sink.finished(self.num_frames)

@@ -7,7 +7,8 @@ pauses while it is `max_lead_s` of audio ahead of them. Each segment's codec fra
 process continues from when it takes the run over: `frames`, one per segment). The run marks on its
 record when its first audio's frames came from the talker (first_frame), its PCM from the vocoder (first_pcm)
 and its first bytes were journaled for readers (first_audio); and for its next few pieces, when each one's frames
-and PCM came and when it was journaled (frames_1, pcm_1, journaled_1, …).
+and PCM came and when it was journaled (frames_1, pcm_1, journaled_1, …); at its end, when the talker's last frames
+came (last_frame), then its Final (talker_done), and the vocoder's last PCM (last_pcm).
 """
 
 from __future__ import annotations
@@ -126,6 +127,16 @@ class SpeechRun(JournaledRun):
             self.mark(frames, log.frame_times[last_frame])
         self.mark(pcm)
 
+    def _mark_end_came(self) -> None:
+        """At the end of the PCM: marks when the last segment's last frames came (`last_frame`), then the talker's
+        Final (`talker_done`), and the vocoder's last PCM (`last_pcm`): `chorus bench tts` splits a request's
+        latency at them."""
+        log = self.frame_logs[-1]
+        if not log.is_taken_over and log.last_frames_at is not None and log.finished_at is not None:
+            self.mark("last_frame", log.last_frames_at)
+            self.mark("talker_done", log.finished_at)
+        self.mark("last_pcm")
+
     async def _produce(self) -> dict:
         started = time.monotonic()
         encoder: StreamingEncoder | None = None
@@ -163,6 +174,7 @@ class SpeechRun(JournaledRun):
                     self.mark("first_audio")
                     self.time_to_first_audio_s = time.monotonic() - started
                     TIME_TO_FIRST_AUDIO_S.labels("speech").observe(self.time_to_first_audio_s)
+            self._mark_end_came()
             if encoder is None:  # no audio at all (e.g. immediate EOS): still a valid, empty file
                 encoder = StreamingEncoder(self.response_format, _DEFAULT_RATE_HZ)
             is_flushed = True

@@ -14,6 +14,17 @@ admission and start, and the client's TTFP, they split each sampled request's TT
 For the next few pieces a run marks when each one's frames came (`frames_<piece>`), its PCM (`pcm_<piece>`) and
 when it was journaled (`journaled_<piece>`): where a player ran dry, they say which part made the piece it waited
 for late (`underrun_stages`).
+
+At its end a run marks when its last frames came (`last_frame`), the talker's Final (`talker_done`) and the last
+PCM (`last_pcm`); with the record's end they split each sampled request's latency (to its last byte) into:
+  first_frame     the request reached the gateway → its first frames there (the TTFP stages up to `talker`)
+  frames          → its last frames there (the talker's decode)
+  talker_final    → the talker's Final
+  vocoder         → the last PCM (the last pieces' decodes, which a stream's end makes urgent)
+  finish          → the record's end (encoder flush, end of the journal, the record's transition)
+  client          the rest of the client's latency: sending the request, the end reaching the client
+A closed-loop client sends its next request only after the last byte, so the time after the last frame leaves a
+talker slot empty (`latency_stages`).
 """
 
 from __future__ import annotations
@@ -27,6 +38,8 @@ from chorus.bench.metrics import RequestTiming, underruns
 SAMPLE = 32  # requests read per level, spread over it
 STAGES = ("admission", "start", "talker", "vocoder", "encode_journal", "client")
 _MARKS = ("started_ms", "first_frame_ms", "first_pcm_ms", "first_audio_ms")
+LATENCY_STAGES = ("first_frame", "frames", "talker_final", "vocoder", "finish", "client")
+_END_MARKS = ("first_frame_ms", "last_frame_ms", "talker_done_ms", "last_pcm_ms", "finished_ms")
 
 
 def ttfp_stages(ttfp_ms: float, timeline_ms: dict[str, float]) -> dict[str, float] | None:
@@ -46,6 +59,25 @@ def ttfp_stages(ttfp_ms: float, timeline_ms: dict[str, float]) -> dict[str, floa
         ttfp_ms - first_audio - (admission or 0.0),
     )
     return {stage: part for stage, part in zip(STAGES, parts, strict=True) if part is not None}
+
+
+def latency_stages(latency_ms: float, timeline_ms: dict[str, float]) -> dict[str, float] | None:
+    """One request's latency split into LATENCY_STAGES, from its record's timeline (ms since admission); None
+    without the marks (a run that failed, was taken over or ran on a gateway that does not set them). Without
+    `arrived_ms`, `client` holds the wait for admission too."""
+    if any(mark not in timeline_ms for mark in _END_MARKS):
+        return None
+    first_frame, last_frame, talker_done, last_pcm, finished = (timeline_ms[mark] for mark in _END_MARKS)
+    admission = -timeline_ms.get("arrived_ms", 0.0)
+    parts = (
+        admission + first_frame,
+        last_frame - first_frame,
+        talker_done - last_frame,
+        last_pcm - talker_done,
+        finished - last_pcm,
+        latency_ms - finished - admission,
+    )
+    return dict(zip(LATENCY_STAGES, parts, strict=True))
 
 
 def sampled(timings: list[RequestTiming], size: int = SAMPLE) -> list[RequestTiming]:
@@ -102,6 +134,18 @@ async def level_ttfp_stages(http: aiohttp.ClientSession, timings: list[RequestTi
     if not splits:
         return {"skipped": "no sampled request's record has the first-audio marks"}
     return {"requests": len(splits), "p50_ms": _medians(splits, STAGES)}
+
+
+async def level_latency_stages(http: aiohttp.ClientSession, timings: list[RequestTiming]) -> dict:
+    """Medians of the sampled requests' latency stages in ms, or {"skipped": why}."""
+    splits = await _splits(
+        http,
+        timings,
+        lambda timing, timeline_ms: latency_stages((timing.finished_at - timing.sent_at) * 1000, timeline_ms),
+    )
+    if not splits:
+        return {"skipped": "no sampled request's record has the end marks"}
+    return {"requests": len(splits), "p50_ms": _medians(splits, LATENCY_STAGES)}
 
 
 async def level_underrun_stages(http: aiohttp.ClientSession, timings: list[RequestTiming]) -> dict:

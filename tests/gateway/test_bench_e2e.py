@@ -16,7 +16,7 @@ from chorus.bench.cli import register
 from chorus.bench.diffusion import stage_stacks
 from chorus.bench.metrics import RequestTiming, percentile, steady_quarters, summarize, underruns
 from chorus.bench.report import write
-from chorus.bench.ttfp import STAGES
+from chorus.bench.ttfp import LATENCY_STAGES, STAGES
 from chorus.diffusion.config import DiffusionConfig
 from chorus.diffusion.service import DiffusionService
 
@@ -113,6 +113,11 @@ async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, r
         # not add up to the median TTFP, but a stage's median of three non-negative parts is at most half their sum,
         # so the medians add up to at most half the three TTFPs t1 ≤ t2 ≤ t3, so to t2 + t3 / 2: below 1.5 × the p99.
         assert sum(stages["p50_ms"].values()) <= 1.5 * level["ttfp_ms"]["p99"], stages
+        # The same for the latency, split at the end of the frames and of the PCM.
+        tail = level["latency_stages"]
+        assert tail["requests"] == 3 and list(tail["p50_ms"]) == list(LATENCY_STAGES), tail
+        assert all(tail["p50_ms"][stage] > 0 for stage in ("first_frame", "frames", "finish", "client")), tail
+        assert sum(tail["p50_ms"].values()) <= 1.5 * level["latency_ms"]["p99"], tail
         if not level["underrun_events"]:  # else the pieces waited for are timed (test_bench_ttfp.py)
             assert level["underrun_stages"] == {"skipped": "no player ran dry"}, level["underrun_stages"]
     path = write(tmp_path, "tts", {"concurrency": [1, 2]}, levels, tts.check_targets(levels), "cpu test")

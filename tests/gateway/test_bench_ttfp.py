@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from chorus.bench.metrics import RequestTiming
-from chorus.bench.ttfp import STAGES, sampled, ttfp_stages, underrun_stages
+from chorus.bench.ttfp import LATENCY_STAGES, STAGES, latency_stages, sampled, ttfp_stages, underrun_stages
 
 
 def test_the_stages_add_up_to_the_clients_ttfp():
@@ -30,6 +30,20 @@ def test_without_the_arrival_mark_the_client_keeps_the_admission_wait():
 def test_a_record_without_the_marks_gives_none():
     assert ttfp_stages(23.0, {"started_ms": 1.0, "first_frame_ms": 9.0}) is None
     assert ttfp_stages(23.0, {}) is None
+
+
+def test_the_latency_stages_add_up_to_the_clients_latency():
+    timeline = {"arrived_ms": -2.5, "admitted_ms": 0.0, "started_ms": 1.5, "first_frame_ms": 12.0, "first_pcm_ms": 17.5,
+                "first_audio_ms": 19.0, "last_frame_ms": 850.0, "talker_done_ms": 851.0, "last_pcm_ms": 880.0,
+                "finished_ms": 884.0}  # fmt: skip
+    split = latency_stages(890.0, timeline)
+    assert list(split) == list(LATENCY_STAGES)
+    expected = {"first_frame": 14.5, "frames": 838.0, "talker_final": 1.0, "vocoder": 29.0, "finish": 4.0,
+                "client": 3.5}  # fmt: skip
+    assert split == pytest.approx(expected)
+    assert sum(split.values()) == pytest.approx(890.0)
+    del timeline["last_pcm_ms"]  # a run that failed, or was taken over, before its end
+    assert latency_stages(890.0, timeline) is None
 
 
 def test_the_sample_spreads_over_the_requests_with_audio_and_an_id():

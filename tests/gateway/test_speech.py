@@ -63,7 +63,8 @@ async def test_speech_wav_and_pcm_carry_the_same_samples(stack):
 
 async def test_a_runs_first_pieces_are_timed_on_its_timeline(stack):
     """The first audio's frames, PCM and first bytes, then each next piece's frames, PCM and journal write, in order
-    (`chorus bench tts` splits TTFP and the waits of players that ran dry at these marks); only the first four."""
+    (`chorus bench tts` splits TTFP and the waits of players that ran dry at these marks); only the first four; and
+    the end of its frames and PCM (it splits the latency there)."""
     _, http, _, _ = stack
     reply = await http.post("/v1/audio/speech", json=speech(response_format="pcm", max_frames=40))
     assert reply.status_code == 200 and len(reply.content) == 40 * 2 * SAMPLES_PER_FRAME  # pieces of 1, 2, 4, 8, …
@@ -73,6 +74,9 @@ async def test_a_runs_first_pieces_are_timed_on_its_timeline(stack):
     for (frames, pcm, journaled), (next_frames, next_pcm, _) in zip(pieces, [*pieces[1:], [math.inf] * 3], strict=True):
         assert frames <= pcm <= journaled <= next_pcm and frames <= next_frames, timeline
     assert "pcm_4_ms" not in timeline
+    # Its end: the last frames, the talker's Final, the last PCM, then the record's end.
+    end = [timeline[f"{stage}_ms"] for stage in ("last_frame", "talker_done", "last_pcm", "finished")]
+    assert pieces[-1][0] <= end[0] and end == sorted(end), timeline
 
 
 async def test_speech_sse_streams_deltas_then_done(stack):
