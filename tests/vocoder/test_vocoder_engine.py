@@ -387,6 +387,47 @@ async def test_a_plan_runs_two_batches_least_lead_first_so_a_newcomer_waits_for_
         await engine.stop()
 
 
+async def test_a_streams_last_pieces_decode_back_to_back_once_its_input_has_ended(tiny_codec):
+    """A stream ahead of its listener queues pieces of 3 and 2 frames, then its input ends; while the 3 decode, a
+    newcomer sends a frame: the 2 go next, in a batch of their own, before the newcomer's plan, and stay exact."""
+    codes = random_codes(55, seed=5, batch_size=2)
+    reports: list[BatchReport] = []
+    runner = CodecRunner(tiny_codec.decoder, max_streams=2)
+    settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=5.0)  # the pieces wait for their end, not a sweep
+    engine = DecodeEngine(runner, settings, on_batch=reports.append)
+    held, release = threading.Event(), threading.Event()
+    decode = runner.decode
+
+    def decode_held(*args):  # the first batch once armed runs until the test lets it go
+        if not held.is_set():
+            held.set()
+            assert release.wait(10)
+        return decode(*args)
+
+    await engine.start()
+    try:
+        ending = engine.open_stream("ending")
+        await _get_ahead(ending, codes[0])
+        reports.clear()
+        await ending.send(codes[0, 50:53].numpy())
+        await ending.send(codes[0, 53:55].numpy())
+        runner.decode = decode_held
+        ending.end_input()
+        assert await asyncio.to_thread(held.wait, 10)
+        newcomer = engine.open_stream("newcomer")
+        await newcomer.send(codes[1, :1].numpy())
+        release.set()
+        pieces = [piece async for piece in ending]
+        await anext(newcomer)
+        assert [report.num_frames for report in reports] == [3, 2, 1]
+        audio = np.concatenate([piece.waveform for piece in pieces])
+        assert np.abs(audio - _one_shot(tiny_codec.decoder, codes[0:1])[50 * 1920 :]).max() <= 1e-5
+        newcomer.close()
+    finally:
+        release.set()
+        await engine.stop()
+
+
 async def test_a_sweep_cut_short_by_the_plan_cap_goes_on_at_once(tiny_codec):
     """Two streams ahead of their listeners queue pieces of 2 and 4 frames: one sweep, two batches; with one batch a
     plan, the second follows the first at once rather than a sweep interval later."""

@@ -3,9 +3,10 @@
 The asyncio side only enqueues and consumes: `DecodeStream.send` queues frames, the engine task groups the
 pending chunks of all streams by length into batches (after a short window; chunks of streams well ahead of their
 listeners wait for a sweep that decodes them together, in batches of the sizes the runner computes without idle
-rows), runs a few of them off the event loop, those of the streams least ahead of their listeners first, plans
-again, and hands the audio to each stream's bounded output. A stream's decoder state is freed as soon as it
-finishes, is closed (cancelled) or goes idle past the timeout (abandoned).
+rows), runs a few of them off the event loop, those of the streams least ahead of their listeners first, then back
+to back the last pieces of those of them whose input has ended, plans again, and hands the audio to each stream's
+bounded output. A stream's decoder state is freed as soon as it finishes, is closed (cancelled) or goes idle past
+the timeout (abandoned).
 """
 
 from __future__ import annotations
@@ -237,8 +238,11 @@ class DecodeEngine:
             if self.settings.batch_window_s > 0 and self._may_join_soon():
                 await asyncio.sleep(self.settings.batch_window_s)
             self._reap_idle()
-            for batch in self._plan_batches():
-                await self._decode_batch(batch)
+            batches = self._plan_batches()
+            while batches:
+                for batch in batches:
+                    await self._decode_batch(batch)
+                batches = self._plan_endings(batches)
             now_s = time.monotonic()
             if any(record.can_schedule() and self._is_urgent(record, now_s) for record in self._streams.values()):
                 self._wakeup.set()
@@ -285,11 +289,9 @@ class DecodeEngine:
         for length in sorted(urgent.keys() | ahead.keys()):  # the shortest first: newcomers' first chunks
             # The least ahead first: those left wait for the next sweep.
             candidates = urgent[length] + sorted(ahead[length], key=lambda plan: plan[0].lead_s(now_s, self._frame_s))
-            taken = 0
-            for count in batch_counts(len(urgent[length]), len(ahead[length]), self.settings):
-                planned.append(candidates[taken : taken + count])
-                taken += count
-            if taken < len(candidates):
+            batches = self._batches_of(candidates, len(urgent[length]))
+            planned += batches
+            if sum(map(len, batches)) < len(candidates):
                 self._sweep_later(now_s)
         cap = self.settings.max_plan_batches if self.settings.max_plan_batches > 0 else len(planned)
         if len(planned) > cap:
@@ -297,6 +299,29 @@ class DecodeEngine:
             planned.sort(key=lambda plans: min(record.lead_s(now_s, self._frame_s) for record, _, _ in plans))
             self._sweep_at_s = now_s
         return [[self._take(*plan) for plan in plans] for plans in planned[:cap]]
+
+    def _plan_endings(self, decoded: list[list[_Piece]]) -> list[list[_Piece]]:
+        """The next pieces of the streams in `decoded` whose input has ended, in batches of their own by length: a
+        stream's last pieces decode back to back, not one a plan (its caller waits for its end: a closed-loop
+        client's next request, a whole file). Its talker's last chunks often leave it two pieces queued."""
+        endings: dict[int, list[tuple[StreamRecord, int, int]]] = collections.defaultdict(list)
+        for record in (entry.record for batch in decoded for entry in batch):
+            if record.is_input_done and record.can_schedule():
+                num_frames, num_decoded = self._next_piece(record)
+                endings[num_decoded].append((record, num_frames, num_decoded))
+        batches = [
+            batch for length in sorted(endings) for batch in self._batches_of(endings[length], len(endings[length]))
+        ]
+        return [[self._take(*plan) for plan in plans] for plans in batches]
+
+    def _batches_of(self, candidates: list, num_urgent: int) -> list[list]:
+        """`candidates` (pieces of one length, the first `num_urgent` urgent) cut into the batches `batch_counts`
+        takes."""
+        batches, taken = [], 0
+        for count in batch_counts(num_urgent, len(candidates) - num_urgent, self.settings):
+            batches.append(candidates[taken : taken + count])
+            taken += count
+        return batches
 
     def _sweep_later(self, now_s: float) -> None:
         if self._sweep_at_s is None:
