@@ -59,6 +59,18 @@ def describe_checkpoint(folder: Path) -> dict:
     }
 
 
+def timed_before_the_end(log: str) -> dict:
+    """The batch sizes a worker cut off by the timeout had timed (its `  batch N: {...}` lines; an H100 run of the
+    batch peer timed 64 and 1 in 125 s and was still running after the last) as `batches` and `best_batch`, with
+    `batches_from_log`; {} for none."""
+    rows = [json.loads(line.split(": ", 1)[1]) for line in log.splitlines() if line.startswith("  batch ")]
+    timed = [row for row in rows if "audio_s_per_s" in row]
+    if not rows:
+        return {}
+    best = max(timed, key=lambda row: row["audio_s_per_s"]) if timed else None
+    return {"batches": rows, "best_batch": best, "batches_from_log": True}
+
+
 def run_worker(peer: str, args: argparse.Namespace, checkpoint: Path, settings: dict) -> dict:
     """The peer's Python on peer_worker.py; its JSON, or a report built from its last stderr line if it died."""
     env = os.environ | OFFLINE_ENV | {"PYTHONUNBUFFERED": "1"}
@@ -74,11 +86,12 @@ def run_worker(peer: str, args: argparse.Namespace, checkpoint: Path, settings: 
                     command, env=env, cwd=work, stdout=stderr, stderr=stderr, timeout=args.timeout_s
                 )
             except subprocess.TimeoutExpired:
-                return {
+                report = {
                     "peer": peer,
                     "failed_stage": "timeout",
                     "reason": f"timeout: no result in {args.timeout_s:.0f} s",
                 }
+                return report | timed_before_the_end(log.read_text())
         if out.exists():
             return json.loads(out.read_text())
         last = next((line for line in reversed(log.read_text().splitlines()) if line.strip()), "no output")
@@ -136,11 +149,11 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"peers-{args.peer}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(report, indent=2))
+    for row in report.get("batches", []):
+        print(f"{args.peer} batch {row['batch_size']}: {json.dumps(row)}")
     if report.get("reason"):
         print(f"{args.peer}: cannot run: {report['reason']} ({path})")
         return CANNOT_RUN
-    for row in report["batches"]:
-        print(f"{args.peer} batch {row['batch_size']}: {json.dumps(row)}")
     print(f"{args.peer}: best {json.dumps(report['best_batch'])} ({path})")
     return 0
 

@@ -64,6 +64,20 @@ def test_released_shapes_are_the_base_model():
     assert config.speaker_encoder.enc_dim == 1024 and config.speaker_ids == {}
 
 
+def test_a_worker_cut_off_by_the_timeout_keeps_the_sizes_it_timed():
+    """The rows a worker printed before the timeout stopped it go in the report, marked as read from its log."""
+    log = (
+        "Capturing CUDA graph for batched predictor...\n"
+        '  batch 64: {"batch_size": 64, "wall_s": 15.1, "audio_s_per_s": 42.3}\n'
+        '  batch 128: {"batch_size": 128, "error": "OutOfMemoryError: CUDA out of memory."}\n'
+        '  batch 1: {"batch_size": 1, "wall_s": 3.6, "audio_s_per_s": 2.7}\n'
+    )
+    kept = _bench_module("run_peer").timed_before_the_end(log)
+    assert [row["batch_size"] for row in kept["batches"]] == [64, 128, 1]
+    assert kept["best_batch"]["batch_size"] == 64 and kept["batches_from_log"]
+    assert _bench_module("run_peer").timed_before_the_end("Warming up...\n") == {}
+
+
 @pytest.mark.parametrize("peer", list(PEER_ENVS))
 def test_peer_runs_as_far_as_this_device_allows(peer, tiny_checkpoint, tmp_path):
     python, builder = PEER_ENVS[peer]
