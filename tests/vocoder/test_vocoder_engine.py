@@ -428,6 +428,47 @@ async def test_a_streams_last_pieces_decode_back_to_back_once_its_input_has_ende
         await engine.stop()
 
 
+async def test_an_ending_stream_with_many_pieces_lets_a_newcomer_in_after_two_more(tiny_codec):
+    """An ending stream with five pieces queued (3, then 2-frame ones) decodes its first and, back to back, two more
+    (`max_plan_batches` rounds); a newcomer's frame, sent while the first decoded, goes before the other two."""
+    codes = random_codes(61, seed=6, batch_size=2)
+    reports: list[BatchReport] = []
+    runner = CodecRunner(tiny_codec.decoder, max_streams=2)
+    settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=5.0, max_plan_batches=2)
+    engine = DecodeEngine(runner, settings, on_batch=reports.append)
+    held, release = threading.Event(), threading.Event()
+    decode = runner.decode
+
+    def decode_held(*args):
+        if not held.is_set():
+            held.set()
+            assert release.wait(10)
+        return decode(*args)
+
+    await engine.start()
+    try:
+        ending = engine.open_stream("ending")
+        await _get_ahead(ending, codes[0])
+        reports.clear()
+        for start, stop in ((50, 53), (53, 55), (55, 57), (57, 59), (59, 61)):
+            await ending.send(codes[0, start:stop].numpy())
+        runner.decode = decode_held
+        ending.end_input()
+        assert await asyncio.to_thread(held.wait, 10)
+        newcomer = engine.open_stream("newcomer")
+        await newcomer.send(codes[1, :1].numpy())
+        release.set()
+        pieces = [piece async for piece in ending]
+        await anext(newcomer)
+        assert [report.num_frames for report in reports] == [3, 2, 2, 1, 2, 2]
+        audio = np.concatenate([piece.waveform for piece in pieces])
+        assert np.abs(audio - _one_shot(tiny_codec.decoder, codes[0:1])[50 * 1920 :]).max() <= 1e-5
+        newcomer.close()
+    finally:
+        release.set()
+        await engine.stop()
+
+
 async def test_a_sweep_cut_short_by_the_plan_cap_goes_on_at_once(tiny_codec):
     """Two streams ahead of their listeners queue pieces of 2 and 4 frames: one sweep, two batches; with one batch a
     plan, the second follows the first at once rather than a sweep interval later."""

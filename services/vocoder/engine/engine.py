@@ -42,7 +42,8 @@ class EngineSettings:
     ahead_lead_s: float = 0.5
     # A plan (the batches decoded back to back before the engine looks at its streams again) runs at most this many
     # batches, the least lead first; the pieces of the others stay queued, with a sweep due at once. So a newcomer's
-    # first pieces wait for two batches, not a whole sweep (six of ~30 ms at 256 streams); 0: no cap.
+    # first pieces wait for two batches, not a whole sweep (six of ~30 ms at 256 streams); 0: no cap. It also bounds
+    # the rounds of ending streams' next pieces that follow a plan (`_plan_endings`).
     max_plan_batches: int = 2
     max_chunk_frames: int = 25  # longer chunks are decoded in pieces (exact: the state carries over)
     # Decode pieces of these frame counts only (include 1); empty: any count. On CUDA the captured graph lengths,
@@ -238,11 +239,13 @@ class DecodeEngine:
             if self.settings.batch_window_s > 0 and self._may_join_soon():
                 await asyncio.sleep(self.settings.batch_window_s)
             self._reap_idle()
-            batches = self._plan_batches()
+            batches, rounds = self._plan_batches(), 0
             while batches:
                 for batch in batches:
                     await self._decode_batch(batch)
-                batches = self._plan_endings(batches)
+                rounds += 1
+                is_capped = 0 < self.settings.max_plan_batches < rounds
+                batches = [] if is_capped else self._plan_endings(batches)
             now_s = time.monotonic()
             if any(record.can_schedule() and self._is_urgent(record, now_s) for record in self._streams.values()):
                 self._wakeup.set()
@@ -303,7 +306,9 @@ class DecodeEngine:
     def _plan_endings(self, decoded: list[list[_Piece]]) -> list[list[_Piece]]:
         """The next pieces of the streams in `decoded` whose input has ended, in batches of their own by length: a
         stream's last pieces decode back to back, not one a plan (its caller waits for its end: a closed-loop
-        client's next request, a whole file). Its talker's last chunks often leave it two pieces queued."""
+        client's next request, a whole file). Its talker's last chunks often leave it two pieces queued. At most
+        `max_plan_batches` such rounds follow a plan: a stream with many pieces queued at its end (a fail-over's
+        replay) does not hold a newcomer's first piece back for all of them."""
         endings: dict[int, list[tuple[StreamRecord, int, int]]] = collections.defaultdict(list)
         for record in (entry.record for batch in decoded for entry in batch):
             if record.is_input_done and record.can_schedule():
