@@ -131,9 +131,7 @@ async def level_ttfp_stages(http: aiohttp.ClientSession, timings: list[RequestTi
         timings,
         lambda timing, timeline_ms: ttfp_stages((timing.first_audio_at - timing.sent_at) * 1000, timeline_ms),
     )
-    if not splits:
-        return {"skipped": "no sampled request's record has the first-audio marks"}
-    return {"requests": len(splits), "p50_ms": _medians(splits, STAGES)}
+    return _summary(splits, STAGES, "no sampled request's record has the first-audio marks")
 
 
 async def level_latency_stages(http: aiohttp.ClientSession, timings: list[RequestTiming]) -> dict:
@@ -143,18 +141,21 @@ async def level_latency_stages(http: aiohttp.ClientSession, timings: list[Reques
         timings,
         lambda timing, timeline_ms: latency_stages((timing.finished_at - timing.sent_at) * 1000, timeline_ms),
     )
-    if not splits:
-        return {"skipped": "no sampled request's record has the end marks"}
-    return {"requests": len(splits), "p50_ms": _medians(splits, LATENCY_STAGES)}
+    return _summary(splits, LATENCY_STAGES, "no sampled request's record has the end marks")
 
 
 async def level_underrun_stages(http: aiohttp.ClientSession, timings: list[RequestTiming]) -> dict:
     """Medians of `underrun_stages` over a sample of the requests whose players ran dry, or {"skipped": why}."""
     dry = [timing for timing in timings if underruns(timing.arrivals)]
     splits = await _splits(http, dry, underrun_stages)
+    why = "no player ran dry" if not dry else "no sampled record marks the piece waited for"
+    return _summary(splits, ("frames", "pcm", "journaled", "client", "due"), why)
+
+
+def _summary(splits: list[dict[str, float]], stages: tuple[str, ...], why_none: str) -> dict:
     if not splits:
-        return {"skipped": "no player ran dry" if not dry else "no sampled record marks the piece waited for"}
-    return {"requests": len(splits), "p50_ms": _medians(splits, ("frames", "pcm", "journaled", "client", "due"))}
+        return {"skipped": why_none}
+    return {"requests": len(splits), "p50_ms": _medians(splits, stages)}
 
 
 def _medians(splits: list[dict[str, float]], stages: tuple[str, ...]) -> dict[str, float]:

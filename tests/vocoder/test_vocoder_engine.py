@@ -387,13 +387,22 @@ async def test_a_plan_runs_two_batches_least_lead_first_so_a_newcomer_waits_for_
         await engine.stop()
 
 
-async def test_a_streams_last_pieces_decode_back_to_back_once_its_input_has_ended(tiny_codec):
+@pytest.mark.parametrize(
+    ("chunks", "order"),
+    [
+        ([(50, 53), (53, 55)], [3, 2, 1]),  # its second piece next, in a batch of its own
+        # five pieces: its first and, back to back, two more (max_plan_batches rounds), then the newcomer's
+        ([(50, 53), (53, 55), (55, 57), (57, 59), (59, 61)], [3, 2, 2, 1, 2, 2]),
+    ],
+)
+async def test_an_ending_streams_last_pieces_decode_back_to_back_before_a_newcomers(tiny_codec, chunks, order):
     """A stream ahead of its listener queues pieces of 3 and 2 frames, then its input ends; while the 3 decode, a
-    newcomer sends a frame: the 2 go next, in a batch of their own, before the newcomer's plan, and stay exact."""
-    codes = random_codes(55, seed=5, batch_size=2)
+    newcomer sends a frame: the ending stream's next pieces go first, up to `max_plan_batches` of them, and stay
+    exact."""
+    codes = random_codes(61, seed=5, batch_size=2)
     reports: list[BatchReport] = []
     runner = CodecRunner(tiny_codec.decoder, max_streams=2)
-    settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=5.0)  # the pieces wait for their end, not a sweep
+    settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=5.0, max_plan_batches=2)  # no sweep comes
     engine = DecodeEngine(runner, settings, on_batch=reports.append)
     held, release = threading.Event(), threading.Event()
     decode = runner.decode
@@ -409,48 +418,7 @@ async def test_a_streams_last_pieces_decode_back_to_back_once_its_input_has_ende
         ending = engine.open_stream("ending")
         await _get_ahead(ending, codes[0])
         reports.clear()
-        await ending.send(codes[0, 50:53].numpy())
-        await ending.send(codes[0, 53:55].numpy())
-        runner.decode = decode_held
-        ending.end_input()
-        assert await asyncio.to_thread(held.wait, 10)
-        newcomer = engine.open_stream("newcomer")
-        await newcomer.send(codes[1, :1].numpy())
-        release.set()
-        pieces = [piece async for piece in ending]
-        await anext(newcomer)
-        assert [report.num_frames for report in reports] == [3, 2, 1]
-        audio = np.concatenate([piece.waveform for piece in pieces])
-        assert np.abs(audio - _one_shot(tiny_codec.decoder, codes[0:1])[50 * 1920 :]).max() <= 1e-5
-        newcomer.close()
-    finally:
-        release.set()
-        await engine.stop()
-
-
-async def test_an_ending_stream_with_many_pieces_lets_a_newcomer_in_after_two_more(tiny_codec):
-    """An ending stream with five pieces queued (3, then 2-frame ones) decodes its first and, back to back, two more
-    (`max_plan_batches` rounds); a newcomer's frame, sent while the first decoded, goes before the other two."""
-    codes = random_codes(61, seed=6, batch_size=2)
-    reports: list[BatchReport] = []
-    runner = CodecRunner(tiny_codec.decoder, max_streams=2)
-    settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=5.0, max_plan_batches=2)
-    engine = DecodeEngine(runner, settings, on_batch=reports.append)
-    held, release = threading.Event(), threading.Event()
-    decode = runner.decode
-
-    def decode_held(*args):
-        if not held.is_set():
-            held.set()
-            assert release.wait(10)
-        return decode(*args)
-
-    await engine.start()
-    try:
-        ending = engine.open_stream("ending")
-        await _get_ahead(ending, codes[0])
-        reports.clear()
-        for start, stop in ((50, 53), (53, 55), (55, 57), (57, 59), (59, 61)):
+        for start, stop in chunks:
             await ending.send(codes[0, start:stop].numpy())
         runner.decode = decode_held
         ending.end_input()
@@ -460,9 +428,10 @@ async def test_an_ending_stream_with_many_pieces_lets_a_newcomer_in_after_two_mo
         release.set()
         pieces = [piece async for piece in ending]
         await anext(newcomer)
-        assert [report.num_frames for report in reports] == [3, 2, 2, 1, 2, 2]
+        assert [report.num_frames for report in reports] == order
         audio = np.concatenate([piece.waveform for piece in pieces])
-        assert np.abs(audio - _one_shot(tiny_codec.decoder, codes[0:1])[50 * 1920 :]).max() <= 1e-5
+        one_shot = _one_shot(tiny_codec.decoder, codes[0:1, : chunks[-1][1]])
+        assert np.abs(audio - one_shot[50 * 1920 :]).max() <= 1e-5
         newcomer.close()
     finally:
         release.set()
