@@ -53,7 +53,7 @@ class FrameLog:
         self.last_frames_at = time.time()
         if len(self.frame_times) < TIMED_FRAMES:
             new_frames = min(self.num_frames - offset, TIMED_FRAMES - len(self.frame_times))
-            self.frame_times += [time.time()] * new_frames
+            self.frame_times += [self.last_frames_at] * new_frames
         self._changed.set()
         if self.sink is not None:
             await self.sink.frames(offset, chunk.codes)

@@ -114,48 +114,44 @@ async def _timeline_ms(http: aiohttp.ClientSession, request_id: str) -> dict[str
     return record.get("timeline") or {}
 
 
-async def _splits(http: aiohttp.ClientSession, timings: list[RequestTiming], split_of) -> list[dict[str, float]]:
-    """`split_of(timing, timeline_ms)` of a sample of the requests, where their records have the marks it needs."""
+async def _level_stages(
+    http: aiohttp.ClientSession, timings: list[RequestTiming], split_of, stages: tuple[str, ...], why_none: str
+) -> dict:
+    """Medians in ms of `split_of(timing, timeline_ms)` over a sample of the requests whose records have the marks
+    it needs, or {"skipped": why_none}."""
     splits = []
     for timing in sampled(timings):
         timeline_ms = await _timeline_ms(http, timing.request_id)
         if timeline_ms is not None and (split := split_of(timing, timeline_ms)) is not None:
             splits.append(split)
-    return splits
+    if not splits:
+        return {"skipped": why_none}
+    return {"requests": len(splits), "p50_ms": _medians(splits, stages)}
 
 
 async def level_ttfp_stages(http: aiohttp.ClientSession, timings: list[RequestTiming]) -> dict:
     """Medians of the sampled requests' TTFP stages in ms, or {"skipped": why}."""
-    splits = await _splits(
-        http,
-        timings,
-        lambda timing, timeline_ms: ttfp_stages((timing.first_audio_at - timing.sent_at) * 1000, timeline_ms),
-    )
-    return _summary(splits, STAGES, "no sampled request's record has the first-audio marks")
+
+    def split_of(timing: RequestTiming, timeline_ms: dict[str, float]) -> dict[str, float] | None:
+        return ttfp_stages((timing.first_audio_at - timing.sent_at) * 1000, timeline_ms)
+
+    return await _level_stages(http, timings, split_of, STAGES, "no sampled request's record has the first-audio marks")
 
 
 async def level_latency_stages(http: aiohttp.ClientSession, timings: list[RequestTiming]) -> dict:
     """Medians of the sampled requests' latency stages in ms, or {"skipped": why}."""
-    splits = await _splits(
-        http,
-        timings,
-        lambda timing, timeline_ms: latency_stages((timing.finished_at - timing.sent_at) * 1000, timeline_ms),
-    )
-    return _summary(splits, LATENCY_STAGES, "no sampled request's record has the end marks")
+
+    def split_of(timing: RequestTiming, timeline_ms: dict[str, float]) -> dict[str, float] | None:
+        return latency_stages((timing.finished_at - timing.sent_at) * 1000, timeline_ms)
+
+    return await _level_stages(http, timings, split_of, LATENCY_STAGES, "no sampled request's record has the end marks")
 
 
 async def level_underrun_stages(http: aiohttp.ClientSession, timings: list[RequestTiming]) -> dict:
     """Medians of `underrun_stages` over a sample of the requests whose players ran dry, or {"skipped": why}."""
     dry = [timing for timing in timings if underruns(timing.arrivals)]
-    splits = await _splits(http, dry, underrun_stages)
     why = "no player ran dry" if not dry else "no sampled record marks the piece waited for"
-    return _summary(splits, ("frames", "pcm", "journaled", "client", "due"), why)
-
-
-def _summary(splits: list[dict[str, float]], stages: tuple[str, ...], why_none: str) -> dict:
-    if not splits:
-        return {"skipped": why_none}
-    return {"requests": len(splits), "p50_ms": _medians(splits, stages)}
+    return await _level_stages(http, dry, underrun_stages, ("frames", "pcm", "journaled", "client", "due"), why)
 
 
 def _medians(splits: list[dict[str, float]], stages: tuple[str, ...]) -> dict[str, float]:

@@ -73,6 +73,25 @@ async def _get_ahead(stream, codes: torch.Tensor) -> None:
         await anext(stream)
 
 
+def _hold_decodes(runner: CodecRunner, count: int) -> list[tuple[threading.Event, threading.Event]]:
+    """From now on, each of the runner's next `count` batches sets its `held` and runs only once the test sets its
+    `release`: (held, release) per batch."""
+    holds = [(threading.Event(), threading.Event()) for _ in range(count)]
+    decode, decoded = runner.decode, []
+
+    def decode_held(*args):
+        index = len(decoded)
+        decoded.append(index)
+        if index < count:
+            held, release = holds[index]
+            held.set()
+            assert release.wait(10)
+        return decode(*args)
+
+    runner.decode = decode_held
+    return holds
+
+
 async def test_concurrent_streams_are_batched_and_exact(engine, tiny_codec):
     decoder = tiny_codec.decoder
     streams = [random_codes(n, seed=200 + n) for n in (51, 30, 76)]
@@ -343,24 +362,13 @@ async def test_a_plan_runs_two_batches_least_lead_first_so_a_newcomer_waits_for_
     runner = CodecRunner(tiny_codec.decoder, max_streams=5)
     settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=0.0, max_plan_batches=2)
     engine = DecodeEngine(runner, settings, on_batch=reports.append)
-    holds = [(threading.Event(), threading.Event()) for _ in range(2)]  # (held, release) for batch 0 and 1
-    decode, decoded = runner.decode, []
-
-    def decode_held(*args):  # once armed (decoded == []), batches 0 and 1 run until the test lets them go
-        index = len(decoded)
-        decoded.append(index)
-        if index < len(holds):
-            held, release = holds[index]
-            held.set()
-            assert release.wait(10)
-        return decode(*args)
-
+    holds: list[tuple[threading.Event, threading.Event]] = []
     await engine.start()
     try:
         ahead = engine.open_stream("ahead")
         await _get_ahead(ahead, codes[0])
         reports.clear()
-        runner.decode = decode_held
+        holds += _hold_decodes(runner, 2)
         starter = engine.open_stream("starter")
         await starter.send(codes[1, :1].numpy())
         assert await asyncio.to_thread(holds[0][0].wait, 10)
@@ -404,15 +412,7 @@ async def test_an_ending_streams_last_pieces_decode_back_to_back_before_a_newcom
     runner = CodecRunner(tiny_codec.decoder, max_streams=2)
     settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=5.0, max_plan_batches=2)  # no sweep comes
     engine = DecodeEngine(runner, settings, on_batch=reports.append)
-    held, release = threading.Event(), threading.Event()
-    decode = runner.decode
-
-    def decode_held(*args):  # the first batch once armed runs until the test lets it go
-        if not held.is_set():
-            held.set()
-            assert release.wait(10)
-        return decode(*args)
-
+    release = threading.Event()
     await engine.start()
     try:
         ending = engine.open_stream("ending")
@@ -420,7 +420,7 @@ async def test_an_ending_streams_last_pieces_decode_back_to_back_before_a_newcom
         reports.clear()
         for start, stop in chunks:
             await ending.send(codes[0, start:stop].numpy())
-        runner.decode = decode_held
+        [(held, release)] = _hold_decodes(runner, 1)
         ending.end_input()
         assert await asyncio.to_thread(held.wait, 10)
         newcomer = engine.open_stream("newcomer")
