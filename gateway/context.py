@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 
 import redis.asyncio as redis
 
 from chorus.gateway.admission import Admission, BackendAdmission
-from chorus.gateway.audio.encoder_threads import encoder_threads
+from chorus.gateway.audio.encoder_threads import EncoderThreads
 from chorus.gateway.backends import BackendPool
 from chorus.gateway.capacity import UNREPORTED_CAPACITY, DerivedLimits, share_of_capacity
 from chorus.gateway.catalog import TalkerCatalog
@@ -46,7 +45,7 @@ class GatewayContext:
     frame_journal: FrameJournal
     broker: RunBroker
     voices: VoiceRegistry
-    encoder_threads: ThreadPoolExecutor
+    encoder_threads: EncoderThreads
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> GatewayContext:
@@ -95,7 +94,7 @@ class GatewayContext:
             frame_journal=FrameJournal(client, ttl_s=config.request_ttl_s),
             broker=RunBroker(RunQueue(client, consumer_name(), config.run_lease_s, config.run_queue), runs),
             voices=VoiceRegistry(VoiceStore(client), backends, catalog, reference_codes, config),
-            encoder_threads=encoder_threads(config.encoder_thread_count),
+            encoder_threads=EncoderThreads(config.encoder_thread_count),
         )
 
     def require_backends(self, *kinds: str) -> None:

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 
 from chorus.gateway.audio import StreamingEncoder
+from chorus.gateway.audio.encoder_threads import stream_order
 from chorus.gateway.frame_log import FrameLog
 from chorus.gateway.journaled_run import JournaledRun
 from chorus.gateway.metrics import REAL_TIME_FACTOR, TIME_TO_FIRST_AUDIO_S
@@ -137,6 +138,11 @@ class SpeechRun(JournaledRun):
             self.mark("talker_done", log.finished_at)
         self.mark("last_pcm")
 
+    def _encode_order(self, started_s: float, audio_s: float) -> tuple:
+        """This run's place among its process's waiting encodes (`stream_order`), `audio_s` of audio encoded."""
+        first_audio_s = None if self.time_to_first_audio_s is None else started_s + self.time_to_first_audio_s
+        return stream_order(started_s, first_audio_s, audio_s, time.monotonic())
+
     async def _produce(self) -> dict:
         started = time.monotonic()
         encoder: StreamingEncoder | None = None
@@ -160,9 +166,10 @@ class SpeechRun(JournaledRun):
                     encoder = StreamingEncoder(
                         self.response_format, sample_rate_hz, samples.shape[1], self.speed, self.encoder_threads
                     )
+                order = self._encode_order(started, num_samples / sample_rate_hz)
                 num_samples += samples.shape[0]
                 self._mark_piece_came(piece, num_samples * CODEC_FRAME_RATE_HZ / sample_rate_hz)
-                data = await encoder.encode_async(samples)
+                data = await encoder.encode_async(samples, order)
                 next_sequence = await self._journal(sequence, data)
                 if self.lead is not None and next_sequence > sequence:
                     self.lead.journaled(sequence, num_samples / sample_rate_hz)
@@ -178,7 +185,8 @@ class SpeechRun(JournaledRun):
             if encoder is None:  # no audio at all (e.g. immediate EOS): still a valid, empty file
                 encoder = StreamingEncoder(self.response_format, _DEFAULT_RATE_HZ)
             is_flushed = True
-            sequence = await self._journal(sequence, await encoder.flush_async())
+            order = self._encode_order(started, num_samples / sample_rate_hz if sample_rate_hz else 0.0)
+            sequence = await self._journal(sequence, await encoder.flush_async(order))
         finally:
             await chunks.aclose()
             if encoder is not None and not is_flushed:

@@ -27,7 +27,7 @@ import numpy as np
 
 from chorus.bench.report import commit
 from chorus.bench_png import write_grouped_bars
-from chorus.gateway.audio.encoder_threads import encoder_threads
+from chorus.gateway.audio.encoder_threads import EncoderThreads
 from chorus.gateway.audio.formats import FORMATS, AudioFormatSpec
 
 SPEECH_RATE_HZ = 24_000
@@ -123,7 +123,7 @@ def measure(spec: AudioFormatSpec, samples: np.ndarray, options: dict[str, str],
 def silence_cost(spec: AudioFormatSpec, seconds: float, repeats: int) -> dict:
     """CPU ms per audio second of `seconds` of silence with the gateway's options, on an encoder thread and here."""
     silence, options = np.zeros(int(seconds * SPEECH_RATE_HZ), np.float32), dict(spec.codec_options)
-    threads = encoder_threads(1)
+    threads = EncoderThreads(1)
     try:
         flushed_s = min(threads.submit(encode, spec, silence, options).result()[0] for _ in range(repeats))
     finally:

@@ -18,6 +18,7 @@ from concurrent.futures import Executor
 import av
 import numpy as np
 
+from chorus.gateway.audio.encoder_threads import EncoderThreads
 from chorus.gateway.audio.formats import FORMATS
 from chorus.gateway.audio.tempo import TempoFilter
 
@@ -135,17 +136,20 @@ class StreamingEncoder:
                 data += self._sink.take()
             return data
 
-    async def encode_async(self, samples: np.ndarray) -> bytes:
-        """`encode`, in a worker thread unless the format is plain PCM (pcm, wav at speed 1)."""
-        return await self._off_the_loop(self.encode, samples)
+    async def encode_async(self, samples: np.ndarray, order: tuple | None = None) -> bytes:
+        """`encode`, in a worker thread unless the format is plain PCM (pcm, wav at speed 1); `order`: its place
+        among the other encodes waiting for `EncoderThreads` (`stream_order`; None: as submitted)."""
+        return await self._off_the_loop(order, self.encode, samples)
 
-    async def flush_async(self) -> bytes:
+    async def flush_async(self, order: tuple | None = None) -> bytes:
         """`flush`, in a worker thread unless the format is plain PCM."""
-        return await self._off_the_loop(self.flush)
+        return await self._off_the_loop(order, self.flush)
 
-    async def _off_the_loop(self, method, *args) -> bytes:
+    async def _off_the_loop(self, order: tuple | None, method, *args) -> bytes:
         if self._is_plain_pcm:
             return method(*args)
+        if order is not None and isinstance(self._threads, EncoderThreads):
+            return await asyncio.wrap_future(self._threads.submit_ordered(order, method, *args))
         return await asyncio.get_running_loop().run_in_executor(self._threads, method, *args)
 
     def close(self) -> None:

@@ -1,19 +1,28 @@
-"""The gateway's encoder threads: a share of the host's cores per process, and denormals flushed to zero."""
+"""The gateway's encoder threads: a share of the host's cores per process, denormals flushed to zero, and the most
+pressing encode first."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import platform
 import sys
 import threading
+import time
+from concurrent.futures import Future
 
 import av
 import numpy as np
 import pytest
 
 from chorus.gateway.audio import StreamingEncoder
-from chorus.gateway.audio.encoder_threads import default_encoder_threads, encoder_threads, flushes_denormals
+from chorus.gateway.audio.encoder_threads import (
+    EncoderThreads,
+    default_encoder_threads,
+    flushes_denormals,
+    stream_order,
+)
 from chorus.gateway.config import GatewayConfig
 from chorus.gateway.workers import worker_config
 
@@ -32,7 +41,7 @@ def denormal_product() -> float:
 
 @pytest.mark.skipif(not SUPPORTED, reason="flushing denormals is set up on Linux x86-64 and aarch64")
 def test_encoder_threads_flush_denormals_and_the_caller_does_not():
-    threads = encoder_threads(2)
+    threads = EncoderThreads(2)
     try:
         assert threads.submit(flushes_denormals).result() is True
         assert threads.submit(denormal_product).result() == 0.0
@@ -43,7 +52,7 @@ def test_encoder_threads_flush_denormals_and_the_caller_does_not():
 
 
 async def test_chunks_are_encoded_on_the_threads_given():
-    threads = encoder_threads(1)
+    threads = EncoderThreads(1)
     encoder = StreamingEncoder("opus", 24_000, threads=threads)
     ran_on = []
     encode = encoder.encode
@@ -61,7 +70,7 @@ async def test_flushing_denormals_keeps_the_encoded_audio():
     stream gets a random serial number)."""
     samples = (0.3 * np.sin(np.arange(48_000) * 2 * np.pi * 220 / 24_000)).astype(np.float32)
     files = []
-    threads = encoder_threads(1)
+    threads = EncoderThreads(1)
     try:
         for executor in (None, threads):
             encoder = StreamingEncoder("opus", 24_000, threads=executor)
@@ -81,6 +90,90 @@ def test_each_gateway_process_gets_a_share_of_the_cores():
     assert worker_config(GatewayConfig(workers=4)).encoder_threads == default_encoder_threads(4)
     assert worker_config(GatewayConfig(workers=4, encoder_threads=3)).encoder_threads == 3  # as set
     with pytest.raises(ValueError, match="encoder threads"):
-        encoder_threads(0)
+        EncoderThreads(0)
     with pytest.raises(ValueError, match="encoder_threads"):
         GatewayConfig(encoder_threads=-1)
+
+
+def hold(threads: EncoderThreads) -> tuple[threading.Event, Future]:
+    """Keeps the pool's one thread busy (once this returns, it is) until the event is set."""
+    started, release = threading.Event(), threading.Event()
+    busy = threads.submit(lambda: started.set() or release.wait())
+    assert started.wait(timeout=5)
+    return release, busy
+
+
+def run_in_order(threads: EncoderThreads, submit) -> list[str]:
+    """The names `submit(record)` queues, in the order one busy thread then runs them."""
+    ran = []
+    release, busy = hold(threads)
+    futures = submit(ran.append)
+    release.set()
+    busy.result(timeout=5)
+    for future in futures:
+        future.result(timeout=5)
+    return ran
+
+
+def test_the_threads_run_the_most_pressing_call_first():
+    now_s, threads = time.monotonic(), EncoderThreads(1)
+    try:
+        ran = run_in_order(
+            threads,
+            lambda record: [
+                threads.submit(record, "whole file, submitted now"),
+                threads.submit_ordered(stream_order(now_s - 1, now_s - 0.5, 5.0, now_s), record, "younger stream"),
+                threads.submit_ordered(stream_order(now_s - 2, now_s - 1.5, 8.0, now_s), record, "older stream"),
+                threads.submit_ordered(stream_order(now_s - 1, now_s - 0.9, 1.2, now_s), record, "listener close"),
+                threads.submit_ordered(stream_order(now_s, None, 0.0, now_s), record, "newcomer"),
+            ],
+        )
+    finally:
+        threads.shutdown()
+    assert ran == ["newcomer", "listener close", "older stream", "younger stream", "whole file, submitted now"]
+
+
+async def test_a_streams_encode_waits_behind_a_more_pressing_one():
+    threads, now_s = EncoderThreads(1), time.monotonic()
+    older, newcomer = (StreamingEncoder("mp3", 24_000, threads=threads) for _ in range(2))
+    ran = []
+    for name, encoder in (("older", older), ("newcomer", newcomer)):
+        encode = encoder.encode
+        encoder.encode = lambda samples, name=name, encode=encode: ran.append(name) or encode(samples)
+    release, busy = hold(threads)
+    chunk = np.zeros(2_400, np.float32)
+    try:
+        encodes = [
+            asyncio.ensure_future(older.encode_async(chunk, stream_order(now_s - 5, now_s - 4, 9.0, now_s))),
+            asyncio.ensure_future(newcomer.encode_async(chunk, stream_order(now_s, None, 0.0, now_s))),
+        ]
+        await asyncio.sleep(0.05)  # both queued behind the busy thread
+        release.set()
+        await asyncio.gather(*encodes)
+        busy.result(timeout=5)
+    finally:
+        for encoder in (older, newcomer):
+            encoder.close()
+        threads.shutdown()
+    assert ran == ["newcomer", "older"]
+
+
+def test_shutdown_cancels_what_waits_when_asked_and_refuses_more():
+    threads = EncoderThreads(1)
+    release, busy = hold(threads)
+    waiting = threads.submit(lambda: "never")
+    threads.shutdown(wait=False, cancel_futures=True)
+    release.set()
+    assert busy.result(timeout=5) is True and waiting.cancelled()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        threads.submit(lambda: None)
+
+
+def test_an_error_reaches_the_caller():
+    threads = EncoderThreads(1)
+    try:
+        with pytest.raises(ZeroDivisionError):
+            threads.submit(lambda: 1 / 0).result(timeout=5)
+        assert threads.submit(lambda: "still running").result(timeout=5) == "still running"
+    finally:
+        threads.shutdown()
