@@ -5,10 +5,10 @@ An experiment kept for its answer. A gateway process encodes each stream one pie
 next piece once the last is encoded and journaled. When closed-loop clients' streams end together, each with its
 last seconds of audio still to encode, a first-in-first-out pool serves them round-robin and every stream finishes
 at the end of the burst. This encodes `--streams` streams of `--pieces` 2 s pieces of speech-like audio at once on
-`EncoderThreads`, the gateway's encoders and pool, submitting each piece as submitted before (`submit`, by its
-submission time) and then ordered by the stream's start (`submit_ordered` with `stream_order`, as `SpeechRun` does
-for a stream whose listener is over a second behind), with a 0.5 ms pause for the journal between pieces, and
-prints each way's mean, median and last completion in ms, twice, alternating. One JSON line a round.
+`EncoderThreads`, the gateway's encoders and pool, first with each piece ordered by its submission (`submit`, first
+in first out), then by its stream's start (`submit_ordered` with `stream_order`, as `SpeechRun` orders a stream over
+a second ahead of its listener), with a 0.5 ms pause for the journal between pieces, and prints each way's mean,
+median and last completion in ms, `--rounds` times, alternating. One JSON line a way and round.
 
 Answer (the 2-core CPU box, idle, three rounds): yes, on average. 16 streams × two pieces of mp3 on 2 threads: mean
 83–91 ms oldest first against 145–162 first in first out, the last stream 142–150 against 148–163; opus 54–61 against
