@@ -22,6 +22,7 @@ from gateway_contract_backends import (
 )
 from prometheus_client import REGISTRY
 
+from chorus.gateway.audio.encoder_threads import URGENT_LEAD_S, EncoderThreads
 from chorus.gateway.frame_log import FrameLog
 from chorus.gateway.runner import RunRegistry
 from chorus.gateway.speech_pipeline import synthesize_segment
@@ -294,3 +295,43 @@ async def test_runner_cancels_a_run_without_readers_after_the_grace(backends, st
     await wait_until(lambda: talker.num_cancelled == 1 and vocoder.num_cancelled == 1)
     assert (await requests.get(record.request_id)).status == CANCELLED
     await runner.close()
+
+
+class OrderRecordingThreads(EncoderThreads):
+    """The gateway's encoder pool, noting the order each call was submitted with (None: a plain `submit`)."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.orders = []
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.orders.append(None)
+        return super().submit(fn, *args, **kwargs)
+
+    def submit_ordered(self, order, fn, /, *args, **kwargs):
+        self.orders.append(order)
+        return super().submit_ordered(order, fn, *args, **kwargs)
+
+
+async def test_a_runs_encodes_go_to_the_pool_ordered_by_its_listener_and_start(backends, state):
+    _, _, (talker_stub, vocoder_stub) = backends
+    requests, journal, cancels = state
+    record = await requests.create("speech", model="m", response_format="mp3")
+    segments = segment_requests(record.request_id, request(""), "Hello there. How are you today?", 200)
+    threads = OrderRecordingThreads()
+
+    def source(segment, frames):
+        return synthesize_segment(FixedReplicas(talker_stub, vocoder_stub), segment, frames=frames)
+
+    run = SpeechRun(requests, journal, cancels, record.request_id, segments, source, "mp3", encoder_threads=threads)
+    try:
+        assert await run.run() == DONE
+    finally:
+        threads.shutdown()
+    # Urgent while under a second ahead of its listener (before its first audio with no lead), then by its start:
+    # the contract vocoder is far faster than real time.
+    assert threads.orders[0] == (0, 0.0) and None not in threads.orders
+    urgent = [lead for kind, lead in threads.orders if kind == 0]
+    later = {started for kind, started in threads.orders if kind == 1}
+    assert urgent == sorted(urgent) and max(urgent) < URGENT_LEAD_S
+    assert len(later) == 1 and threads.orders[len(urgent) :] == [(1, *later)] * (len(threads.orders) - len(urgent))
