@@ -185,13 +185,12 @@ class SpeechRun(JournaledRun):
             if encoder is None:  # no audio at all (e.g. immediate EOS): still a valid, empty file
                 encoder = StreamingEncoder(self.response_format, _DEFAULT_RATE_HZ)
             is_flushed = True
-            order = self._encode_order(started, num_samples / sample_rate_hz if sample_rate_hz else 0.0)
-            sequence = await self._journal(sequence, await encoder.flush_async(order))
+            audio_s = num_samples / sample_rate_hz if sample_rate_hz else 0.0
+            sequence = await self._journal(sequence, await encoder.flush_async(self._encode_order(started, audio_s)))
         finally:
             await chunks.aclose()
             if encoder is not None and not is_flushed:
                 encoder.close()
-        audio_s = num_samples / sample_rate_hz if sample_rate_hz else 0.0
         if audio_s > 0:
             REAL_TIME_FACTOR.labels("speech").observe((time.monotonic() - started) / audio_s)
         return {"audio_s": audio_s, "num_segments": len(self.segments), "last_sequence": sequence - 1}

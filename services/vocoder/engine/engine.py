@@ -301,7 +301,7 @@ class DecodeEngine:
             # Earliest deadline first (the sort is stable: of equal leads, e.g. newcomers', the shortest pieces).
             planned.sort(key=lambda plans: min(record.lead_s(now_s, self._frame_s) for record, _, _ in plans))
             self._sweep_at_s = now_s
-        return [[self._take(*plan) for plan in plans] for plans in planned[:cap]]
+        return self._take_batches(planned[:cap])
 
     def _plan_endings(self, decoded: list[list[_Piece]]) -> list[list[_Piece]]:
         """The next pieces of the streams in `decoded` whose input has ended, in batches of their own by length: a
@@ -317,7 +317,7 @@ class DecodeEngine:
         batches = [
             batch for length in sorted(endings) for batch in self._batches_of(endings[length], len(endings[length]))
         ]
-        return [[self._take(*plan) for plan in plans] for plans in batches]
+        return self._take_batches(batches)
 
     def _batches_of(self, candidates: list, num_urgent: int) -> list[list]:
         """`candidates` (pieces of one length, the first `num_urgent` urgent) cut into the batches `batch_counts`
@@ -327,6 +327,10 @@ class DecodeEngine:
             batches.append(candidates[taken : taken + count])
             taken += count
         return batches
+
+    def _take_batches(self, batches: list[list[tuple[StreamRecord, int, int]]]) -> list[list[_Piece]]:
+        """Each planned (stream, frames taken, frames decoded) taken from its stream (`_take`), batch by batch."""
+        return [[self._take(*plan) for plan in plans] for plans in batches]
 
     def _sweep_later(self, now_s: float) -> None:
         if self._sweep_at_s is None:
