@@ -15,11 +15,11 @@
 #              vocoder bf16, the diffusion engine (compiled DiT, cuDNN attention) against diffusers' pipeline
 #   tts        the speech stack, both transports (or TRANSPORT) at concurrency 1, 16, 64, 256 (125 frames a
 #              request), REQUESTS a level if set
-#   formats    the speech stack, REST at 64 in pcm, mp3 and opus (item 4 compares them in one run; GATEWAY_WORKERS=8
-#              tells whether encoding is what limits them), REQUESTS a level if set (default 128: two ramps)
+#   formats    the speech stack, REST at 64 in pcm, mp3 and opus (item 4 compares them in one run; GATEWAY_WORKERS=4
+#              tells what fewer gateway processes cost them), REQUESTS a level if set (default 128: two ramps)
 #   formats-ab formats with REQUESTS (default 512) a level, then mp3 and opus again through a second gateway on the
-#              same backends and Redis, ENCODER_THREADS_B (default 20, the event loop's default pool on 16 cores)
-#              encoder threads per process: the gateway's encoder settings compared on one machine
+#              same backends and Redis, of WORKERS_B processes (default 4) with ENCODER_THREADS_B encoder threads each
+#              (default 4; the shape before 16 single-thread workers): the gateway's shapes compared on one machine
 #   e2e        tts, then formats' pcm, mp3 and opus, then diffusion, all on one stack (the three stages' figures for one
 #              stack start), in one archive e2e-*.tgz
 #   sustained  the speech stack, both transports at 64 for 1024 requests (steady quarters and memory per level)
@@ -34,7 +34,8 @@
 #   peers      faster-qwen3-tts and faster-qwen3-tts-batch in their own site, and our talker engine, on one random
 #              0.6B Base checkpoint in the official layout, x-vector voice clones of 125 frames (the peers' times
 #              include their codec decode; ours is the talker alone, the `tts` stage times the whole pipeline)
-# The speech stack: `chorus serve speech` (talker and vocoder in one process), 4 gateway workers, released shapes
+# The speech stack: `chorus serve speech` (talker and vocoder in one process), chorus up's gateway workers (one a
+# core, at most 16; GATEWAY_WORKERS sets another number), released shapes
 # with dummy weights in bf16, the talker at its CUDA defaults (256 streams sharing a KV pool sized to half the free
 # GPU memory) unless TALKER_SLOTS / KV_POSITIONS say otherwise; each stream may still reach the default 4608
 # positions (256 × 4608 would take 135 GB at 0.6B; the pool preempts and resumes streams exactly when it runs dry).
@@ -64,8 +65,9 @@ export CHORUS_TALKER_DTYPE=${CHORUS_TALKER_DTYPE:-bfloat16}
 export CHORUS_TALKER_MAX_STREAMS=${TALKER_SLOTS:-0} CHORUS_TALKER_KV_CACHE_POSITIONS=${KV_POSITIONS:-0}
 export CHORUS_VOCODER_MODEL=${CHORUS_VOCODER_MODEL:-released} CHORUS_VOCODER_LOAD_FORMAT=${CHORUS_VOCODER_LOAD_FORMAT:-dummy}
 export CHORUS_VOCODER_DTYPE=${CHORUS_VOCODER_DTYPE:-bfloat16} CHORUS_VOCODER_MAX_STREAMS=${TALKER_SLOTS:-256}
-export CHORUS_DIFFUSION_LOAD_FORMAT=${CHORUS_DIFFUSION_LOAD_FORMAT:-dummy} CHORUS_GATEWAY_WORKERS=${GATEWAY_WORKERS:-4}
+export CHORUS_DIFFUSION_LOAD_FORMAT=${CHORUS_DIFFUSION_LOAD_FORMAT:-dummy}
 levels=${TTS_LEVELS:-1,16,64,256}
+if [ -n "${GATEWAY_WORKERS:-}" ]; then export CHORUS_GATEWAY_WORKERS=$GATEWAY_WORKERS; fi  # else chorus up's: one a core
 
 start_stack() {  # chorus up [flags]: in the background until this script exits; waits for /ready
   if curl -sf http://127.0.0.1:8000/ready >/dev/null; then
@@ -124,15 +126,17 @@ case $stage in
     start_stack --speech-in-one-process
     REQUESTS=${REQUESTS:-512}
     bench_formats "pcm mp3 opus"
-    # Gateway B: the running gateway's settings (its supervisor's environment), its own ports, other encoder threads.
+    # Gateway B: the running gateway's settings (its supervisor's environment), its own ports, another shape.
     gateway_pid=$(pgrep -f "serve gateway" | head -1)
-    env_b=$(tr '\0' '\n' <"/proc/$gateway_pid/environ" | grep '^CHORUS_GATEWAY_' | grep -v -e _PORT= -e _ENCODER_THREADS=)
+    env_b=$(tr '\0' '\n' <"/proc/$gateway_pid/environ" | grep '^CHORUS_GATEWAY_' \
+      | grep -v -e _PORT= -e _ENCODER_THREADS= -e _WORKERS=)
     env $env_b CHORUS_GATEWAY_REST_PORT=8001 CHORUS_GATEWAY_PORT=50070 CHORUS_GATEWAY_METRICS_PORT=0 \
-      CHORUS_GATEWAY_ENCODER_THREADS=${ENCODER_THREADS_B:-20} "${cli[@]}" serve gateway >"$logs/gateway-b.log" 2>&1 &
+      CHORUS_GATEWAY_WORKERS=${WORKERS_B:-4} CHORUS_GATEWAY_ENCODER_THREADS=${ENCODER_THREADS_B:-4} \
+      "${cli[@]}" serve gateway >"$logs/gateway-b.log" 2>&1 &
     gateway_b=$!
     trap 'kill $gateway_b $stack 2>/dev/null; wait $gateway_b $stack 2>/dev/null; cp "$logs"/*.log "$out"/ 2>/dev/null || true' EXIT
     for _ in $(seq 60); do curl -sf http://127.0.0.1:8001/ready >/dev/null && break; sleep 1; done
-    label_suffix=", ${ENCODER_THREADS_B:-20} encoder threads" \
+    label_suffix=", gateway of ${WORKERS_B:-4} workers × ${ENCODER_THREADS_B:-4} encoder threads" \
       bench_formats "mp3 opus" --url http://127.0.0.1:8001 --grpc-target 127.0.0.1:50070
     ;;
   e2e)  # tts, formats and diffusion on one stack: one start (~2 min of device time) instead of three

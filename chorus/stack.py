@@ -15,8 +15,9 @@ vocoder the second, which diffusion shares (a third GPU is diffusion's): on one 
 talker's step (README, Talker and vocoder in one process).
 
 Defaults follow the device: a talker on CUDA serves 256 streams (64 elsewhere), the gateway admits what its
-backends report they serve, and where the talker runs on CUDA the gateway gets `CUDA_GATEWAY_WORKERS` processes
-(unless CHORUS_GATEWAY_WORKERS says otherwise), since one process cannot relay and encode that many streams.
+backends report they serve, and where the talker runs on CUDA the gateway gets a process per core, at most
+`CUDA_GATEWAY_WORKERS` (unless CHORUS_GATEWAY_WORKERS says otherwise), since one process cannot relay and encode
+that many streams.
 """
 
 from __future__ import annotations
@@ -43,10 +44,12 @@ from chorus.services import SERVICES
 from chorus.supervisor import RestartPolicy, Supervisor, describe_exit
 
 BACKENDS = ("talker", "vocoder", "diffusion")
-# Gateway processes for a talker on CUDA (256 streams at its defaults): one process keeps up with about 64 speech
-# streams, its core busy relaying, journaling and encoding them; 4 carried 256 on an H100 host (README, Gateway
-# workers).
-CUDA_GATEWAY_WORKERS = 4
+# Gateway processes for a talker on CUDA (256 streams at its defaults), at most one per core: one process keeps up
+# with about 64 speech streams, its core busy relaying, journaling and encoding them. Past 4 it is encoding that asks
+# for more: each process encodes on its share of the cores, and threads of one process contend for its GIL between
+# codec calls (README, Gateway workers): on a 16-core H200 host, 64 mp3 streams made 645 audio-s/s through 16
+# processes of one encoder thread, 570 through 4 of 4 (pcm 635).
+CUDA_GATEWAY_WORKERS = 16
 
 
 def gpu_setting(service: str) -> str:
@@ -55,9 +58,9 @@ def gpu_setting(service: str) -> str:
 
 
 def gateway_workers(env: Mapping[str, str], cuda_available: Callable[[Mapping[str, str]], bool]) -> int | None:
-    """The gateway processes the stack asks for where `env` sets none: `CUDA_GATEWAY_WORKERS` (at most one per
-    core) when the talker will run on CUDA, by its device setting (`auto` asks `cuda_available`, as the talker
-    resolves it); otherwise None, the gateway's own default."""
+    """The gateway processes the stack asks for where `env` sets none: one per core, at most `CUDA_GATEWAY_WORKERS`,
+    when the talker will run on CUDA, by its device setting (`auto` asks `cuda_available`, as the talker resolves
+    it); otherwise None, the gateway's own default."""
     if "CHORUS_GATEWAY_WORKERS" in env:
         return None
     try:

@@ -30,15 +30,15 @@ class GatewayConfig(ServiceConfig):
         1,
         "Gateway processes sharing these ports, one core each, and the admission limits below (they count their "
         "slots together, wherever the kernel sends a connection). 2–4 keep up with one GPU's PCM speech traffic, "
-        "which one process cannot; mp3 and opus cost 5–7× pcm's CPU per audio second (4 workers keep 64 of them "
-        "within 10 % of pcm's throughput on an H100 host). `chorus up` starts 4 (at most one per core) when its "
-        "talker runs on CUDA.",
+        "which one process cannot; mp3 and opus cost 5–7× pcm's CPU per audio second, and encode best in many "
+        "processes of one thread each (on a 16-core H200 host, 16 workers kept 64 mp3 streams at pcm's throughput, "
+        "4 at 90 %). `chorus up` starts one per core, at most 16, when its talker runs on CUDA.",
     )
 
     encoder_threads: int = option(
         0,
         "Threads encoding mp3, opus, aac and flac in each gateway process; 0: this host's cores divided among its "
-        "gateway processes (--workers), at least 2.",
+        "gateway processes (--workers), at least 1.",
     )
 
     max_input_chars: int = option(4096, "Longest speech `input` (and text-to-audio `prompt`) accepted, in characters.")

@@ -61,7 +61,7 @@ def test_gpu_services_reserve_an_nvidia_gpu_and_use_the_cuda_image():
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
         assert services[name]["build"]["dockerfile"] == "Dockerfile.cuda"
     assert "deploy" not in services["gateway"] and services["gateway"]["build"]["dockerfile"] == "Dockerfile"
-    assert services["gateway"]["environment"]["CHORUS_GATEWAY_WORKERS"] == "4"  # for the talker's 256 CUDA streams
+    assert services["gateway"]["environment"]["CHORUS_GATEWAY_WORKERS"] == "16"  # a 16-core GPU host
 
 
 def test_cpu_override_runs_tiny_models_without_gpus():

@@ -85,8 +85,9 @@ async def test_flushing_denormals_keeps_the_encoded_audio():
 
 def test_each_gateway_process_gets_a_share_of_the_cores():
     cores = len(os.sched_getaffinity(0))
-    assert default_encoder_threads(1) == max(2, cores)
-    assert default_encoder_threads(cores) == 2  # at least two, however many processes
+    assert default_encoder_threads(1) == cores
+    assert default_encoder_threads(cores) == 1  # a process per core: one thread each
+    assert default_encoder_threads(2 * cores) == 1  # at least one, however many processes
     assert worker_config(GatewayConfig(workers=4)).encoder_threads == default_encoder_threads(4)
     assert worker_config(GatewayConfig(workers=4, encoder_threads=3)).encoder_threads == 3  # as set
     with pytest.raises(ValueError, match="encoder threads"):
