@@ -38,7 +38,7 @@ class GatewayConfig(ServiceConfig):
     encoder_threads: int = option(
         0,
         "Threads encoding mp3, opus, aac and flac in each gateway process; 0: this host's cores divided among its "
-        "gateway processes (--workers), at least 1.",
+        "gateway processes (--workers), at least 1 and at most 4.",
     )
 
     max_input_chars: int = option(4096, "Longest speech `input` (and text-to-audio `prompt`) accepted, in characters.")

@@ -18,6 +18,7 @@ import pytest
 
 from chorus.gateway.audio import StreamingEncoder
 from chorus.gateway.audio.encoder_threads import (
+    MAX_DEFAULT_ENCODER_THREADS,
     EncoderThreads,
     default_encoder_threads,
     flushes_denormals,
@@ -85,7 +86,7 @@ async def test_flushing_denormals_keeps_the_encoded_audio():
 
 def test_each_gateway_process_gets_a_share_of_the_cores():
     cores = len(os.sched_getaffinity(0))
-    assert default_encoder_threads(1) == cores
+    assert default_encoder_threads(1) == min(cores, MAX_DEFAULT_ENCODER_THREADS)
     assert default_encoder_threads(cores) == 1  # a process per core: one thread each
     assert default_encoder_threads(2 * cores) == 1  # at least one, however many processes
     assert worker_config(GatewayConfig(workers=4)).encoder_threads == default_encoder_threads(4)
