@@ -20,6 +20,10 @@
 #   formats-ab formats with REQUESTS (default 512) a level, then mp3 and opus again through a second gateway on the
 #              same backends and Redis, of WORKERS_B processes (default 4) with ENCODER_THREADS_B encoder threads each
 #              (default 4; the shape before 16 single-thread workers): the gateway's shapes compared on one machine
+#   gateways-ab the speech levels (TTS_LEVELS, default 64,256; TRANSPORT, default rest; REQUESTS a level, default 512)
+#              through the stack's gateway, then through formats-ab's second gateway (WORKERS_B × ENCODER_THREADS_B,
+#              default 4 × 4), ROUNDS times (default 2) alternating, on one stack: whether the gateway's shape moves
+#              them; one archive gateways-ab-*.tgz
 #   e2e        tts, then formats' pcm, mp3 and opus, then diffusion, all on one stack (the three stages' figures for one
 #              stack start), in one archive e2e-*.tgz
 #   sustained  the speech stack, both transports at 64 for 1024 requests (steady quarters and memory per level)
@@ -40,7 +44,7 @@
 # GPU memory) unless TALKER_SLOTS / KV_POSITIONS say otherwise; each stream may still reach the default 4608
 # positions (256 × 4608 would take 135 GB at 0.6B; the pool preempts and resumes streams exactly when it runs dry).
 set -euo pipefail
-stage=${1:?usage: bench/gpu_wave.sh tests|engines|tts|formats|formats-ab|e2e|sustained|long|profile|diffusion|peers OUT}
+stage=${1:?usage: bench/gpu_wave.sh tests|engines|tts|formats|formats-ab|gateways-ab|e2e|sustained|long|profile|diffusion|peers OUT}
 out=${2:?usage: bench/gpu_wave.sh STAGE OUT}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -88,6 +92,22 @@ bench_tts() {
   chorus bench tts --fixed-frames 125 --out "$out" --timeout-s 420 "$@"
 }
 
+start_gateway_b() {  # a second gateway on 8001/50070: the stack's gateway settings, WORKERS_B × ENCODER_THREADS_B
+  local gateway_pid env_b
+  gateway_pid=$(pgrep -f "serve gateway" | head -1)  # the stack's gateway supervisor: its environment
+  env_b=$(tr '\0' '\n' <"/proc/$gateway_pid/environ" | grep '^CHORUS_GATEWAY_' \
+    | grep -v -e _PORT= -e _ENCODER_THREADS= -e _WORKERS=)
+  env $env_b CHORUS_GATEWAY_REST_PORT=8001 CHORUS_GATEWAY_PORT=50070 CHORUS_GATEWAY_METRICS_PORT=0 \
+    CHORUS_GATEWAY_WORKERS=${WORKERS_B:-4} CHORUS_GATEWAY_ENCODER_THREADS=${ENCODER_THREADS_B:-4} \
+    "${cli[@]}" serve gateway >"$logs/gateway-b.log" 2>&1 &
+  gateway_b=$!
+  trap 'kill $gateway_b $stack 2>/dev/null; wait $gateway_b $stack 2>/dev/null; cp "$logs"/*.log "$out"/ 2>/dev/null || true' EXIT
+  for _ in $(seq 60); do curl -sf http://127.0.0.1:8001/ready >/dev/null && return; sleep 1; done
+  echo "gateway B not ready after 60 s" >&2; tail -20 "$logs/gateway-b.log" >&2; exit 1
+}
+gateway_b_suffix=", gateway of ${WORKERS_B:-4} workers × ${ENCODER_THREADS_B:-4} encoder threads"
+gateway_b_flags=(--url http://127.0.0.1:8001 --grpc-target 127.0.0.1:50070)
+
 bench_formats() {  # FORMATS [flags]: REST at 64 in each format, REQUESTS a level if set, label_suffix if set
   local formats=$1; shift
   for format in $formats; do
@@ -126,18 +146,25 @@ case $stage in
     start_stack --speech-in-one-process
     REQUESTS=${REQUESTS:-512}
     bench_formats "pcm mp3 opus"
-    # Gateway B: the running gateway's settings (its supervisor's environment), its own ports, another shape.
-    gateway_pid=$(pgrep -f "serve gateway" | head -1)
-    env_b=$(tr '\0' '\n' <"/proc/$gateway_pid/environ" | grep '^CHORUS_GATEWAY_' \
-      | grep -v -e _PORT= -e _ENCODER_THREADS= -e _WORKERS=)
-    env $env_b CHORUS_GATEWAY_REST_PORT=8001 CHORUS_GATEWAY_PORT=50070 CHORUS_GATEWAY_METRICS_PORT=0 \
-      CHORUS_GATEWAY_WORKERS=${WORKERS_B:-4} CHORUS_GATEWAY_ENCODER_THREADS=${ENCODER_THREADS_B:-4} \
-      "${cli[@]}" serve gateway >"$logs/gateway-b.log" 2>&1 &
-    gateway_b=$!
-    trap 'kill $gateway_b $stack 2>/dev/null; wait $gateway_b $stack 2>/dev/null; cp "$logs"/*.log "$out"/ 2>/dev/null || true' EXIT
-    for _ in $(seq 60); do curl -sf http://127.0.0.1:8001/ready >/dev/null && break; sleep 1; done
-    label_suffix=", gateway of ${WORKERS_B:-4} workers × ${ENCODER_THREADS_B:-4} encoder threads" \
-      bench_formats "mp3 opus" --url http://127.0.0.1:8001 --grpc-target 127.0.0.1:50070
+    start_gateway_b
+    label_suffix=$gateway_b_suffix bench_formats "mp3 opus" "${gateway_b_flags[@]}"
+    ;;
+  gateways-ab)
+    start_stack --speech-in-one-process
+    start_gateway_b
+    archive=$out/gateways-ab-$(date +%Y%m%d-%H%M%S).tgz out=$logs/gateways-ab
+    mkdir -p "$out"
+    for round in $(seq "${ROUNDS:-2}"); do
+      for gateway in a b; do
+        flags=(--transport "${TRANSPORT:-rest}" --concurrency "${TTS_LEVELS:-64,256}" --requests-per-level "${REQUESTS:-512}")
+        if [ $gateway = a ]; then
+          bench_tts "${flags[@]}" --label "$label, chorus up's gateway, round $round"
+        else
+          bench_tts "${flags[@]}" --label "$label$gateway_b_suffix, round $round" "${gateway_b_flags[@]}"
+        fi
+        tar czf "$archive" -C "$out" .  # each level's results as soon as they exist
+      done
+    done
     ;;
   e2e)  # tts, formats and diffusion on one stack: one start (~2 min of device time) instead of three
     start_stack --speech-in-one-process

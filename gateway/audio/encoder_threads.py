@@ -7,7 +7,7 @@ process encoding mp3 on 4 threads made 572 audio seconds a second, on 16 threads
 from 4.1 to 9.0 ms per audio second). So each gateway process gets its share of the host's cores, not the event
 loop's default pool (cores + 4), and a GPU host runs a process per core, one encoder thread each: 64 mp3 streams on
 a 16-core H200 host made 645 audio-s/s through 16 processes of one thread, 621 through 8 of 2, 570 through 4 of 4
-(pcm 635), each request's last pieces encoded 70–80 ms after the talker's end instead of 145–170.
+(pcm 635), each request's last pieces encoded 70–80 ms after the talker's end instead of 145–220.
 
 The threads flush denormal floats to zero. libopus's float filters decay into denormals on silence (leading and
 trailing silence, pauses), where each operation costs ~100 cycles: 10 s of silence took 11.5 ms of CPU per audio
