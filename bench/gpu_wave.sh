@@ -162,7 +162,8 @@ case $stage in
         else
           bench_tts "${flags[@]}" --label "$label$gateway_b_suffix, round $round" "${gateway_b_flags[@]}"
         fi
-        tar czf "$archive" -C "$out" .  # each level's results as soon as they exist
+        cp "$logs"/*.log "$out"/ 2>/dev/null || true
+        tar czf "$archive" -C "$out" .  # each level's results (and the stack's logs) as soon as they exist
       done
     done
     ;;
