@@ -395,6 +395,42 @@ async def test_a_plan_runs_two_batches_least_lead_first_so_a_newcomer_waits_for_
         await engine.stop()
 
 
+async def test_a_capped_plan_decodes_an_ending_streams_last_piece_before_pieces_wanted_later(tiny_codec):
+    """Two streams seconds ahead of their listeners queue pieces of 2 and 3 frames while another batch is held; the
+    one with 3 ends its input. With one batch a plan, its piece goes first although its lead is the larger (its
+    caller waits for the end, not for a listener), and its audio stays exact."""
+    codes = random_codes(53, seed=6, batch_size=3)
+    reports: list[BatchReport] = []
+    runner = CodecRunner(tiny_codec.decoder, max_streams=3)
+    settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=0.0, max_plan_batches=1)
+    engine = DecodeEngine(runner, settings, on_batch=reports.append)
+    release = threading.Event()
+    await engine.start()
+    try:
+        ahead, ending = engine.open_stream("ahead"), engine.open_stream("ending")
+        await _get_ahead(ahead, codes[0])
+        await _get_ahead(ending, codes[1])  # decoded later: the larger lead
+        reports.clear()
+        [(held, release)] = _hold_decodes(runner, 1)
+        starter = engine.open_stream("starter")
+        await starter.send(codes[2, :1].numpy())
+        assert await asyncio.to_thread(held.wait, 10)
+        await ahead.send(codes[0, 50:52].numpy())
+        await ending.send(codes[1, 50:53].numpy())
+        ending.end_input()
+        release.set()
+        last = [piece async for piece in ending]
+        await anext(ahead)
+        assert [report.num_frames for report in reports] == [1, 3, 2]
+        one_shot = _one_shot(tiny_codec.decoder, codes[1:2, :53])
+        assert np.abs(np.concatenate([piece.waveform for piece in last]) - one_shot[50 * 1920 :]).max() <= 1e-5
+        for stream in (ahead, starter):
+            stream.close()
+    finally:
+        release.set()
+        await engine.stop()
+
+
 @pytest.mark.parametrize(
     ("chunks", "order"),
     [
