@@ -431,6 +431,43 @@ async def test_a_capped_plan_decodes_an_ending_streams_last_piece_before_pieces_
         await engine.stop()
 
 
+async def test_a_capped_plan_decodes_a_stream_close_to_running_dry_before_an_ending_ones_last_piece(tiny_codec):
+    """A newcomer, its first frame heard, queues 2 frames while a stream seconds ahead queues 3 and ends its input:
+    with one batch a plan, the newcomer's piece goes first (its listener is about to run dry; the other's caller
+    waits at most for its end)."""
+    codes = random_codes(53, seed=7, batch_size=3)
+    reports: list[BatchReport] = []
+    runner = CodecRunner(tiny_codec.decoder, max_streams=3)
+    settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=0.0, max_plan_batches=1)
+    engine = DecodeEngine(runner, settings, on_batch=reports.append)
+    release = threading.Event()
+    await engine.start()
+    try:
+        ending, newcomer = engine.open_stream("ending"), engine.open_stream("newcomer")
+        await _get_ahead(ending, codes[0])
+        await newcomer.send(codes[1, :1].numpy())
+        await anext(newcomer)
+        reports.clear()
+        [(held, release)] = _hold_decodes(runner, 1)
+        starter = engine.open_stream("starter")
+        await starter.send(codes[2, :1].numpy())
+        assert await asyncio.to_thread(held.wait, 10)
+        await newcomer.send(codes[1, 1:3].numpy())
+        await ending.send(codes[0, 50:53].numpy())
+        ending.end_input()
+        release.set()
+        second = await anext(newcomer)
+        last = [piece async for piece in ending]
+        assert [report.num_frames for report in reports] == [1, 2, 3]
+        assert np.abs(second.waveform - _one_shot(tiny_codec.decoder, codes[1:2, :3])[1920:]).max() <= 1e-5
+        assert np.abs(last[0].waveform - _one_shot(tiny_codec.decoder, codes[0:1, :53])[50 * 1920 :]).max() <= 1e-5
+        for stream in (newcomer, starter):
+            stream.close()
+    finally:
+        release.set()
+        await engine.stop()
+
+
 @pytest.mark.parametrize(
     ("chunks", "order"),
     [

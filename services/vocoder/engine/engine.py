@@ -304,12 +304,14 @@ class DecodeEngine:
         return self._take_batches(planned[:cap])
 
     def _deadline_s(self, record: StreamRecord, now_s: float) -> float:
-        """When a stream's next piece is wanted, in seconds from now: when its listener reaches it (its lead), or at
-        once for a stream whose input has ended. Its caller waits for the end, not for a listener: a closed-loop
-        client's next request, a whole file. Sorted by their leads, seconds ahead, last pieces went after every
-        other batch of a capped plan and often to the next plan (a GPU stack at 64 streams: 67 ms from the talker's
-        end to the last PCM, the largest part of the time a talker slot sat empty between two requests)."""
-        return 0.0 if record.is_input_done else record.lead_s(now_s, self._frame_s)
+        """When a stream's next piece is wanted, in seconds from now: when its listener reaches it (its lead), and
+        for a stream whose input has ended no later than `ahead_lead_s`. Its caller waits for the end, not only for a
+        listener (a closed-loop client's next request, a whole file): sorted by their leads, seconds ahead, last
+        pieces went after every other batch of a capped plan, often to a later plan, and talker slots sat empty
+        meanwhile. Streams closer than that to running dry (newcomers' next pieces) still go first: at once, last
+        pieces crowded them out at 256 streams (192 underrun events against none, one H200)."""
+        lead_s = record.lead_s(now_s, self._frame_s)
+        return min(lead_s, self.settings.ahead_lead_s) if record.is_input_done else lead_s
 
     def _plan_endings(self, decoded: list[list[_Piece]]) -> list[list[_Piece]]:
         """The next pieces of the streams in `decoded` whose input has ended, in batches of their own by length: a
