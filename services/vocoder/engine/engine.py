@@ -41,7 +41,7 @@ class EngineSettings:
     sweep_interval_s: float = 0.1
     ahead_lead_s: float = 0.5
     # A plan (the batches decoded back to back before the engine looks at its streams again) runs at most this many
-    # batches, the least lead first; the pieces of the others stay queued, with a sweep due at once. So a newcomer's
+    # batches, the earliest deadline first; the pieces of the others stay queued, with a sweep due at once. So a newcomer's
     # first pieces wait for two batches, not a whole sweep (six of ~30 ms at 256 streams); 0: no cap. It also bounds
     # the rounds of ending streams' next pieces that follow a plan (`_plan_endings`).
     max_plan_batches: int = 2
@@ -304,12 +304,11 @@ class DecodeEngine:
         return self._take_batches(planned[:cap])
 
     def _deadline_s(self, record: StreamRecord, now_s: float) -> float:
-        """When a stream's next piece is wanted, in seconds from now: when its listener reaches it (its lead), and
-        for a stream whose input has ended no later than `ahead_lead_s`. Its caller waits for the end, not only for a
-        listener (a closed-loop client's next request, a whole file): sorted by their leads, seconds ahead, last
-        pieces went after every other batch of a capped plan, often to a later plan, and talker slots sat empty
-        meanwhile. Streams closer than that to running dry (newcomers' next pieces) still go first: at once, last
-        pieces crowded them out at 256 streams (192 underrun events against none, one H200)."""
+        """When a stream's next piece is wanted, in seconds from now: when its listener reaches it (its lead); for a
+        stream whose input has ended, no later than `ahead_lead_s`, as its caller waits for the end (a closed-loop
+        client's next request, a whole file). By lead alone, seconds ahead, last pieces went after every other batch
+        of a capped plan while closed-loop clients' talker slots sat empty; at once, they crowded newcomers' next
+        pieces out at 256 streams (underruns)."""
         lead_s = record.lead_s(now_s, self._frame_s)
         return min(lead_s, self.settings.ahead_lead_s) if record.is_input_done else lead_s
 
