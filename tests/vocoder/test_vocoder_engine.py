@@ -395,10 +395,18 @@ async def test_a_plan_runs_two_batches_least_lead_first_so_a_newcomer_waits_for_
         await engine.stop()
 
 
-async def test_a_capped_plan_decodes_an_ending_streams_last_piece_before_pieces_wanted_later(tiny_codec):
-    """Two streams seconds ahead of their listeners queue pieces of 2 and 3 frames while another batch is held; the
-    one with 3 ends its input. With one batch a plan, its piece goes first although its lead is the larger (its
-    caller waits for the end, not for a listener), and its audio stays exact."""
+@pytest.mark.parametrize(
+    ("other_is_ahead", "order"),
+    [
+        (True, [1, 3, 2]),  # seconds ahead of its listener too: the ending stream first, though its lead is larger
+        (False, [1, 2, 3]),  # a newcomer whose listener is about to run dry: before the ending stream
+    ],
+)
+async def test_a_capped_plan_takes_an_ending_streams_last_piece_by_its_deadline(tiny_codec, other_is_ahead, order):
+    """While another batch is held, a stream seconds ahead of its listener queues 3 frames and ends its input, and
+    another stream queues 2. With one batch a plan, the ending stream's piece goes before the other's if that one is
+    ahead of its listener too (the ending one's caller waits for the end, not for a listener), after it if the other
+    is a newcomer about to run dry; both stay exact."""
     codes = random_codes(53, seed=6, batch_size=3)
     reports: list[BatchReport] = []
     runner = CodecRunner(tiny_codec.decoder, max_streams=3)
@@ -407,61 +415,33 @@ async def test_a_capped_plan_decodes_an_ending_streams_last_piece_before_pieces_
     release = threading.Event()
     await engine.start()
     try:
-        ahead, ending = engine.open_stream("ahead"), engine.open_stream("ending")
-        await _get_ahead(ahead, codes[0])
-        await _get_ahead(ending, codes[1])  # decoded later: the larger lead
+        other, ending = engine.open_stream("other"), engine.open_stream("ending")
+        if other_is_ahead:
+            await _get_ahead(other, codes[0])
+            await _get_ahead(ending, codes[1])  # decoded later: the larger lead
+            heard = 50
+        else:
+            await _get_ahead(ending, codes[1])
+            await other.send(codes[0, :1].numpy())
+            await anext(other)
+            heard = 1
         reports.clear()
         [(held, release)] = _hold_decodes(runner, 1)
         starter = engine.open_stream("starter")
         await starter.send(codes[2, :1].numpy())
         assert await asyncio.to_thread(held.wait, 10)
-        await ahead.send(codes[0, 50:52].numpy())
+        await other.send(codes[0, heard : heard + 2].numpy())
         await ending.send(codes[1, 50:53].numpy())
         ending.end_input()
         release.set()
         last = [piece async for piece in ending]
-        await anext(ahead)
-        assert [report.num_frames for report in reports] == [1, 3, 2]
-        one_shot = _one_shot(tiny_codec.decoder, codes[1:2, :53])
-        assert np.abs(np.concatenate([piece.waveform for piece in last]) - one_shot[50 * 1920 :]).max() <= 1e-5
-        for stream in (ahead, starter):
-            stream.close()
-    finally:
-        release.set()
-        await engine.stop()
-
-
-async def test_a_capped_plan_decodes_a_stream_close_to_running_dry_before_an_ending_ones_last_piece(tiny_codec):
-    """A newcomer, its first frame heard, queues 2 frames while a stream seconds ahead queues 3 and ends its input:
-    with one batch a plan, the newcomer's piece goes first (its listener is about to run dry; the other's caller
-    waits at most for its end)."""
-    codes = random_codes(53, seed=7, batch_size=3)
-    reports: list[BatchReport] = []
-    runner = CodecRunner(tiny_codec.decoder, max_streams=3)
-    settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=0.0, max_plan_batches=1)
-    engine = DecodeEngine(runner, settings, on_batch=reports.append)
-    release = threading.Event()
-    await engine.start()
-    try:
-        ending, newcomer = engine.open_stream("ending"), engine.open_stream("newcomer")
-        await _get_ahead(ending, codes[0])
-        await newcomer.send(codes[1, :1].numpy())
-        await anext(newcomer)
-        reports.clear()
-        [(held, release)] = _hold_decodes(runner, 1)
-        starter = engine.open_stream("starter")
-        await starter.send(codes[2, :1].numpy())
-        assert await asyncio.to_thread(held.wait, 10)
-        await newcomer.send(codes[1, 1:3].numpy())
-        await ending.send(codes[0, 50:53].numpy())
-        ending.end_input()
-        release.set()
-        second = await anext(newcomer)
-        last = [piece async for piece in ending]
-        assert [report.num_frames for report in reports] == [1, 2, 3]
-        assert np.abs(second.waveform - _one_shot(tiny_codec.decoder, codes[1:2, :3])[1920:]).max() <= 1e-5
-        assert np.abs(last[0].waveform - _one_shot(tiny_codec.decoder, codes[0:1, :53])[50 * 1920 :]).max() <= 1e-5
-        for stream in (newcomer, starter):
+        piece = await anext(other)
+        assert [report.num_frames for report in reports] == order
+        other_audio = _one_shot(tiny_codec.decoder, codes[0:1, : heard + 2])[heard * 1920 :]
+        assert np.abs(piece.waveform - other_audio).max() <= 1e-5
+        ending_audio = _one_shot(tiny_codec.decoder, codes[1:2, :53])[50 * 1920 :]
+        assert np.abs(np.concatenate([p.waveform for p in last]) - ending_audio).max() <= 1e-5
+        for stream in (other, starter):
             stream.close()
     finally:
         release.set()
