@@ -41,9 +41,10 @@ class EngineSettings:
     sweep_interval_s: float = 0.1
     ahead_lead_s: float = 0.5
     # A plan (the batches decoded back to back before the engine looks at its streams again) runs at most this many
-    # batches, the earliest deadline first; the pieces of the others stay queued, with a sweep due at once. So a newcomer's
-    # first pieces wait for two batches, not a whole sweep (six of ~30 ms at 256 streams); 0: no cap. It also bounds
-    # the rounds of ending streams' next pieces that follow a plan (`_plan_endings`).
+    # batches, the earliest deadline first (`DecodeEngine._deadline_s`); the pieces of the others stay queued, with a
+    # sweep due at once. So a newcomer's first pieces wait for two batches, not a whole sweep (six of ~30 ms at 256
+    # streams); 0: no cap. It also bounds the rounds of ending streams' next pieces that follow a plan
+    # (`_plan_endings`).
     max_plan_batches: int = 2
     max_chunk_frames: int = 25  # longer chunks are decoded in pieces (exact: the state carries over)
     # Decode pieces of these frame counts only (include 1); empty: any count. On CUDA the captured graph lengths,
