@@ -35,8 +35,9 @@ class VocoderConfig(ServiceConfig):
     max_plan_batches: int = option(
         2,
         "Batches decoded back to back before the engine plans again, those of the streams least ahead of their "
-        "listeners first, so a newcomer's first chunks do not wait for a whole sweep; also the most rounds of "
-        "ending streams' next pieces decoded right after a plan; 0: no limit.",
+        "listeners first (an ending stream's within 0.5 s of audio: its caller waits for the end), so a newcomer's "
+        "first chunks do not wait for a whole sweep; also the most rounds of ending streams' next pieces decoded "
+        "right after a plan; 0: no limit.",
     )
     idle_timeout_s: float = option(60.0, "A stream nobody sends to or reads from for this long is freed.")
     max_reference_audio_s: float = option(60.0, "Longest reference audio `Encode` accepts.")
