@@ -4,8 +4,10 @@ decodes, how busy each kept its process, and the host CPU of the speech process(
 The figures are deltas between two snapshots, one just before the level and one just after it: the speech
 services' Prometheus counters (talker steps, step and prefill seconds, the prefills' engine-thread CPU seconds,
 frames, rows computed, prefills, the queue and first-frame time histograms; the vocoder's decode seconds and
-batch-size histograms, idle rows, audio seconds) and each process's CPU time from /proc. So the bench must run on
-the stack's machine; otherwise (a remote gateway or backend) the level says why it has none.
+batch-size histograms, idle rows, audio seconds, and its streams' time after their end of input: to their first
+decode since (`vocoder_end_wait_ms_mean`) and to their last audio (`vocoder_end_tail_ms_mean`)) and each process's
+CPU time from /proc. So the bench must run on the stack's machine; otherwise (a remote gateway or backend) the
+level says why it has none.
 
 `talker_plus_vocoder_busy_fraction` is the sum of the talker's busy fractions (steps and prefills) and the
 vocoder's. When the two share a GPU it bounds their overlap, it does not measure it: near 1 they may simply
@@ -111,6 +113,8 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
         "vocoder_busy_fraction": busy[2],
         "vocoder_chunks": round(chunks),
         "vocoder_audio_s": round(audio_s, 3),
+        "vocoder_end_wait_ms_mean": _mean_ms(delta, "chorus_vocoder_end_wait_seconds"),
+        "vocoder_end_tail_ms_mean": _mean_ms(delta, "chorus_vocoder_end_tail_seconds"),
         "talker_plus_vocoder_busy_fraction": None if None in busy else round(sum(busy), 3),
         "speech_cpu_s_per_s": _ratio(speech_cpu_s, wall_s),
         "speech_cpu_ms_per_talker_step": _ratio(speech_cpu_s * 1e3, steps),
@@ -121,6 +125,10 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
     if processes.gateway_pids & processes.speech_pids:
         figures["note"] = "the gateway and the speech services share a process: their CPU figures overlap"
     return figures
+
+
+def _mean_ms(delta: dict[str, float], histogram: str) -> float | None:
+    return _ratio(delta.get(f"{histogram}_sum", 0.0) * 1e3, delta.get(f"{histogram}_count", 0.0))
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:

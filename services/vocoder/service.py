@@ -24,6 +24,10 @@ def _record_batch(report: BatchReport) -> None:
     metrics.BATCH_SIZE.observe(report.batch_size)
     metrics.IDLE_ROWS.inc(report.num_rows - report.batch_size)
     metrics.AUDIO_SECONDS.inc(report.audio_s)
+    for wait_s in report.end_waits_s:
+        metrics.END_WAIT_SECONDS.observe(wait_s)
+    for tail_s in report.end_tails_s:
+        metrics.END_TAIL_SECONDS.observe(tail_s)
 
 
 async def _feed(request_iterator, stream: DecodeStream) -> None:

@@ -61,7 +61,7 @@ def _snapshot(
     return Snapshot(at_s, metrics, speech, gateway)
 
 
-def _more(rows_computed, first_frames, queue_s, first_frame_s, idle_rows) -> dict[str, float]:
+def _more(rows_computed, first_frames, queue_s, first_frame_s, idle_rows, ends=0, wait_s=0, tail_s=0) -> dict:
     return {
         "chorus_talker_rows_computed_total": rows_computed,
         "chorus_talker_queue_seconds_count": first_frames,
@@ -69,6 +69,10 @@ def _more(rows_computed, first_frames, queue_s, first_frame_s, idle_rows) -> dic
         "chorus_talker_time_to_first_frame_seconds_count": first_frames,
         "chorus_talker_time_to_first_frame_seconds_sum": first_frame_s,
         "chorus_vocoder_idle_rows_total": idle_rows,
+        "chorus_vocoder_end_wait_seconds_count": ends,
+        "chorus_vocoder_end_wait_seconds_sum": wait_s,
+        "chorus_vocoder_end_tail_seconds_count": ends,
+        "chorus_vocoder_end_tail_seconds_sum": tail_s,
     }
 
 
@@ -77,11 +81,11 @@ def test_the_breakdown_of_a_level_is_the_deltas_between_its_snapshots():
     # 8 ms carrying 4 chunks each (1000 chunks, 2 frames of 80 ms: 160 s of audio); 9 CPU s in the speech
     # process, 3 in the gateway's two workers.
     # The steps computed 20 rows each; the 40 requests waited 50 ms for their prefill and 100 ms for their first
-    # frame; the vocoder's forwards computed 250 idle rows.
+    # frame; the vocoder's forwards computed 250 idle rows; the 40 streams' last pieces waited 20 ms after their
+    # end of input, and their last audio came 30 ms after it.
     before = _snapshot(100.0, 500, 2.0, 4000, 10, 0.5, 100, 1.0, 300, 50.0, 20.0, 5.0, **_more(0, 0, 0, 0, 0))
-    after = _snapshot(
-        110.0, 1500, 8.0, 20000, 50, 1.5, 350, 3.0, 1300, 210.0, 29.0, 8.0, **_more(20000, 40, 2.0, 4.0, 250)
-    )
+    more = _more(20000, 40, 2.0, 4.0, 250, ends=40, wait_s=0.8, tail_s=1.2)
+    after = _snapshot(110.0, 1500, 8.0, 20000, 50, 1.5, 350, 3.0, 1300, 210.0, 29.0, 8.0, **more)
     processes = Processes(frozenset({7}), frozenset({7}), frozenset({8, 9}))
     assert breakdown(before, after, processes) == {
         "wall_s": 10.0,
@@ -107,6 +111,8 @@ def test_the_breakdown_of_a_level_is_the_deltas_between_its_snapshots():
         "vocoder_busy_fraction": 0.2,
         "vocoder_chunks": 1000,
         "vocoder_audio_s": 160.0,
+        "vocoder_end_wait_ms_mean": 20.0,
+        "vocoder_end_tail_ms_mean": 30.0,
         "talker_plus_vocoder_busy_fraction": 0.9,
         "speech_cpu_s_per_s": 0.9,
         "speech_cpu_ms_per_talker_step": 9.0,

@@ -98,6 +98,9 @@ async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, r
         assert steps["vocoder_audio_s"] == pytest.approx(level["audio_s"]) and steps["vocoder_mean_batch_size"] >= 1
         assert steps["talker_plus_vocoder_busy_fraction"] > 0 and steps["speech_cpu_ms_per_talker_step"] > 0
         assert steps["gateway_cpu_ms_per_chunk"] > 0 and steps["gateway_cpu_ms_per_audio_s"] > 0
+        # A stream's last frames may be decoded before its end of input arrives: then it has no time after it.
+        end_wait_ms, end_tail_ms = steps["vocoder_end_wait_ms_mean"], steps["vocoder_end_tail_ms_mean"]
+        assert (end_wait_ms, end_tail_ms) == (None, None) or 0 <= end_wait_ms <= end_tail_ms < 5000, steps
         # One process here: speech and gateway memory are the same process's; no GPU series off CUDA.
         assert steps["memory_mib"].keys() == {"speech_rss_mib", "gateway_rss_mib"}, steps["memory_mib"]
         assert steps["memory_mib"]["speech_rss_mib"]["max"] > 100

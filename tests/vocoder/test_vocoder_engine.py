@@ -448,6 +448,43 @@ async def test_a_capped_plan_takes_an_ending_streams_last_piece_by_its_deadline(
         await engine.stop()
 
 
+async def test_a_batch_reports_how_long_an_ending_stream_waited_and_when_its_last_audio_came(tiny_codec):
+    """A stream ends its input with 3 frames queued while another stream's batch is held 50 ms: the batch that
+    decodes them reports its wait since that end (at least the hold) and its end-to-last-audio time (no less); the
+    batches before report neither, and a stream that ends with nothing to decode reports none."""
+    codes = random_codes(4, seed=8, batch_size=3)
+    reports: list[BatchReport] = []
+    runner = CodecRunner(tiny_codec.decoder, max_streams=3)
+    engine = DecodeEngine(runner, EngineSettings(batch_window_s=0.0, sweep_interval_s=0.0), on_batch=reports.append)
+    release = threading.Event()
+    await engine.start()
+    try:
+        ending, idle = engine.open_stream("ending"), engine.open_stream("idle")
+        await idle.send(codes[2, :1].numpy())
+        await anext(idle)
+        idle.end_input()
+        [(held, release)] = _hold_decodes(runner, 1)
+        starter = engine.open_stream("starter")
+        await starter.send(codes[1, :1].numpy())
+        assert await asyncio.to_thread(held.wait, 10)
+        await ending.send(codes[0, :3].numpy())
+        ending.end_input()
+        await asyncio.sleep(0.05)
+        release.set()
+        assert len([piece async for piece in ending]) == 1
+        assert [(report.num_frames, len(report.end_waits_s), len(report.end_tails_s)) for report in reports] == [
+            (1, 0, 0),  # idle's, before its end
+            (1, 0, 0),  # starter's, held
+            (3, 1, 1),
+        ]
+        [wait_s], [tail_s] = reports[-1].end_waits_s, reports[-1].end_tails_s
+        assert 0.05 <= wait_s <= tail_s < 5
+        starter.close()
+    finally:
+        release.set()
+        await engine.stop()
+
+
 @pytest.mark.parametrize(
     ("chunks", "order"),
     [

@@ -71,6 +71,11 @@ class BatchReport:
     num_frames: int  # per row, a stream's last piece padded up included
     decode_s: float  # wall time of the runner call
     audio_s: float  # audio produced by the whole batch (context frames included, padding excluded)
+    # Of the streams whose input had ended: from that end to this batch's start, for those it decodes for the first
+    # time since (what their last pieces waited for), and to its end, for those it leaves with nothing to decode
+    # (their callers' wait on the vocoder after the talker's end).
+    end_waits_s: tuple[float, ...] = ()
+    end_tails_s: tuple[float, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -378,6 +383,11 @@ class DecodeEngine:
         slots = [entry.record.slot for entry in batch]
         new_slots = [entry.record.slot for entry in batch if not entry.record.is_started]
         codes = torch.from_numpy(np.stack([entry.piece.codes for entry in batch]))
+        ended = [entry.record for entry in batch if entry.record.is_input_done]
+        first_since_end = [record for record in ended if not record.is_decoded_since_end]
+        for record in first_since_end:
+            record.is_decoded_since_end = True
+        end_waits_s = tuple(time.monotonic() - record.input_done_s for record in first_since_end)
         started = time.perf_counter()
         try:
             waveform = await self.run_in_runner_thread(self.runner.decode, slots, codes, new_slots)
@@ -393,9 +403,11 @@ class DecodeEngine:
         self._num_frames_decoded += num_frames
         self._decode_s += elapsed_s
         if self._on_batch is not None:
+            now_s, rows = time.monotonic(), self._batch_rows(len(batch))
+            # The streams this batch leaves with nothing to decode: their last audio is out.
+            end_tails_s = tuple(now_s - record.input_done_s for record in ended if not record.segments)
             audio_s = num_frames * self._frame_s
-            rows = self._batch_rows(len(batch))
-            self._on_batch(BatchReport(len(batch), rows, codes.shape[1], elapsed_s, audio_s))
+            self._on_batch(BatchReport(len(batch), rows, codes.shape[1], elapsed_s, audio_s, end_waits_s, end_tails_s))
         samples = waveform.numpy()
         for row, (record, piece, num_frames) in enumerate(batch):
             record.is_in_flight = False
@@ -478,7 +490,7 @@ class DecodeStream:
 
     def end_input(self) -> None:
         record = self._record
-        record.is_input_done = True
+        record.is_input_done, record.input_done_s = True, time.monotonic()
         record.touch()
         if record.is_drained:
             self._engine._release(record, StreamStatus.FINISHED)

@@ -46,6 +46,8 @@ class StreamRecord:
         self.error: BaseException | None = None
         self.segments: collections.deque[PendingFrames] = collections.deque()
         self.is_input_done = False
+        self.input_done_s = 0.0  # when its input ended (time.monotonic)
+        self.is_decoded_since_end = False  # a decode for it started after its input ended
         self.is_started = False  # False until its state row has been reset by a first decode
         self.num_pending_frames = 0
         self.num_frames_decoded = 0  # output frames only
