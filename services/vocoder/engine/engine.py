@@ -404,8 +404,9 @@ class DecodeEngine:
         self._decode_s += elapsed_s
         if self._on_batch is not None:
             now_s, rows = time.monotonic(), self._batch_rows(len(batch))
-            # The streams this batch leaves with nothing to decode: their last audio is out.
-            end_tails_s = tuple(now_s - record.input_done_s for record in ended if not record.segments)
+            # The streams this batch leaves with nothing to decode (and not closed meanwhile): their last audio is out.
+            done = [record for record in ended if record.status is StreamStatus.OPEN and not record.segments]
+            end_tails_s = tuple(now_s - record.input_done_s for record in done)
             audio_s = num_frames * self._frame_s
             self._on_batch(BatchReport(len(batch), rows, codes.shape[1], elapsed_s, audio_s, end_waits_s, end_tails_s))
         samples = waveform.numpy()
