@@ -21,6 +21,8 @@ import asyncio
 import logging
 import time
 
+import grpc
+
 from chorus.gateway.live_output import LiveOutput
 from chorus.gateway.output_lead import OutputLead
 from chorus.gateway.state.cancel import CancelListener, CancelWatch
@@ -30,6 +32,15 @@ from chorus.runtime.errors import ChorusError, status_for
 from chorus.runtime.tasks import cancel_and_join, cancel_and_wait
 
 log = logging.getLogger("chorus.gateway.run")
+_CLIENT_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+    }
+)
 HANDED_OVER = "handed-over"  # `run`'s result when another process continues the run
 
 
@@ -106,6 +117,9 @@ class JournaledRun:
                 raise
             except ChorusError as exc:
                 code, message = status_for(exc)
+                # The client's own mistakes are its to read; a backend's failure is the operator's too.
+                level = logging.INFO if code in _CLIENT_CODES else logging.WARNING
+                log.log(level, "request %s failed: %s: %s", self.request_id, code.name, message)
                 return await self._end(FAILED, {"code": code.name, "message": message}, None)
             except Exception:
                 log.exception("request %s failed", self.request_id)

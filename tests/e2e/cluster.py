@@ -218,18 +218,20 @@ class ResumingClient:
         deadline = time.monotonic() + self.deadline_s
         preferred = next(self._requests) % len(self.urls)
         async with httpx.AsyncClient(timeout=self.timeout) as http:
+            last_gone = ""
             while True:
                 for url in await self._gateways(http, preferred):
                     try:
                         await attempt(http, url)
                         return outcome
-                    except Gone:
+                    except Gone as gone:
                         outcome.reconnects += 1
+                        last_gone = str(gone) or repr(gone.__cause__)
                     except _Failed as failed:
                         outcome.error = str(failed)
                         return outcome
                 if time.monotonic() > deadline:
-                    outcome.error = f"hung: no complete answer within {self.deadline_s:.0f} s"
+                    outcome.error = f"hung: no complete answer within {self.deadline_s:.0f} s (last: {last_gone})"
                     return outcome
                 await asyncio.sleep(0.3)
 
@@ -337,7 +339,7 @@ async def _check(response: httpx.Response, http: httpx.AsyncClient, url: str, re
         if record["status"] in ("failed", "cancelled"):
             raise _Failed(f"{record['status']}: {record.get('error')}")
     if response.status_code in _RETRYABLE_STATUS:
-        raise Gone()
+        raise Gone(f"HTTP {response.status_code}: {body}")
     raise _Failed(f"HTTP {response.status_code}: {body}")
 
 

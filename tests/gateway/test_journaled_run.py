@@ -1,9 +1,10 @@
-"""The lifecycle every run shares, against a real redis-server: the tasks a run starts end with it, and a cancel
-of the run is never swallowed while it stops them."""
+"""The lifecycle every run shares, against a real redis-server: the tasks a run starts end with it, a cancel of the
+run is never swallowed while it stops them, and a failed run says so in the log."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -11,7 +12,8 @@ from chorus.gateway.journaled_run import HANDED_OVER, JournaledRun
 from chorus.gateway.state.cancel import CancelListener
 from chorus.gateway.state.connection import open_redis
 from chorus.gateway.state.journal import OutputJournal
-from chorus.gateway.state.requests import DONE, RequestStore
+from chorus.gateway.state.requests import DONE, FAILED, RequestStore
+from chorus.runtime.errors import InvalidRequest, Unavailable
 
 
 class HeldRun(JournaledRun):
@@ -33,15 +35,24 @@ class HeldRun(JournaledRun):
         return {"last_sequence": -1}
 
 
+class FailingRun(JournaledRun):
+    """Its production raises `error`."""
+
+    error: Exception
+
+    async def _produce(self) -> dict:
+        raise self.error
+
+
 @pytest.fixture
 async def new_run(redis_url):
     client = open_redis(redis_url)
     requests = RequestStore(client)
     cancels = CancelListener(requests)
 
-    async def new_run() -> HeldRun:
+    async def new_run(kind: type[JournaledRun] = HeldRun) -> JournaledRun:
         record = await requests.create("speech", model="m")
-        return HeldRun(requests, OutputJournal(client, requests, block_ms=100), cancels, record.request_id)
+        return kind(requests, OutputJournal(client, requests, block_ms=100), cancels, record.request_id)
 
     yield new_run
     await cancels.close()
@@ -81,3 +92,20 @@ async def test_a_cancel_of_the_run_while_it_stops_its_production_is_not_swallowe
         await run.requests.request_cancel(run.request_id)
         await asyncio.wait([running])
     assert running.cancelled(), "before the fix the run swallowed its own cancel and returned CANCELLED"
+
+
+@pytest.mark.parametrize(
+    ("error", "level"),
+    [
+        (Unavailable("no vocoder replica answered"), logging.WARNING),  # a backend's failure: the operator's too
+        (InvalidRequest("voice: unknown"), logging.INFO),  # the client's own mistake
+    ],
+)
+async def test_a_failed_run_logs_its_request_id_and_why(new_run, caplog, error, level):
+    async with asyncio.timeout(5):
+        run = await new_run(FailingRun)
+        run.error = error
+        with caplog.at_level(logging.INFO, logger="chorus.gateway.run"):
+            assert await run.run() == FAILED
+    [record] = [record for record in caplog.records if run.request_id in record.getMessage()]
+    assert record.levelno == level and str(error) in record.getMessage()
