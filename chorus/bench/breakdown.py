@@ -102,7 +102,7 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
         "talker_prefill_ms_per_request": _ratio(prefill_s * 1e3, prefills),
         "talker_prefill_cpu_ms_per_request": _ratio(prefill_cpu_s * 1e3, prefills),
         "talker_prefill_busy_fraction": busy[1],
-        "talker_queue_ms_mean": _ratio(delta.get("chorus_talker_queue_seconds_sum", 0.0) * 1e3, started),
+        "talker_queue_ms_mean": _mean_ms(delta, "chorus_talker_queue_seconds"),
         "talker_first_frame_ms_mean": _ratio(
             delta.get("chorus_talker_time_to_first_frame_seconds_sum", 0.0) * 1e3, started
         ),
