@@ -21,6 +21,9 @@ from chorus.runtime.errors import ChorusError, NotFound
 QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
 TERMINAL = (DONE, FAILED, CANCELLED)
 _NEXT = {QUEUED: (RUNNING, FAILED, CANCELLED), RUNNING: (DONE, FAILED, CANCELLED)}
+# A request that failed with one of these (its error's gRPC code) failed on the server's side: a retry with its
+# idempotency key runs again instead of being answered the failure (a 5xx invites the retry the key is for).
+RETRYABLE_FAILURES = ("UNAVAILABLE", "INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED", "ABORTED", "RESOURCE_EXHAUSTED")
 
 # KEYS[1] record. ARGV: new status, ttl_s, timestamp field (or ""), now_s, runner ("" = any), n allowed current
 # statuses, those n statuses, then field/value pairs written with the move.
@@ -49,6 +52,22 @@ local current = redis.call('HGET', KEYS[1], 'status')
 if not current then return false end
 if current == 'queued' or current == 'running' then redis.call('HSET', KEYS[1], 'runner', ARGV[1]) end
 return current
+"""
+
+# KEYS[1] idempotency key, KEYS[2] the record of the request it names. ARGV[1]: that request's id, then the error
+# codes of failures a retry should run again. Deletes the key if it still names that request and the request is
+# gone (expired) or failed with one of those codes; returns 1 if it did.
+_RELEASE_KEY = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  if redis.call('HGET', KEYS[2], 'status') ~= 'failed' then return 0 end
+  local code = cjson.decode(redis.call('HGET', KEYS[2], 'error') or '{}').code
+  local is_retryable = false
+  for i = 2, #ARGV do if code == ARGV[i] then is_retryable = true end end
+  if not is_retryable then return 0 end
+end
+redis.call('DEL', KEYS[1])
+return 1
 """
 
 # KEYS[1] record. Marks the cancel flag; a queued request is cancelled on the spot (nobody runs it
@@ -136,6 +155,7 @@ class RequestStore:
         self._transition = client.register_script(_TRANSITION)
         self._cancel = client.register_script(_CANCEL)
         self._take = client.register_script(_TAKE)
+        self._release_key = client.register_script(_RELEASE_KEY)
 
     @staticmethod
     def new_id() -> str:
@@ -233,7 +253,15 @@ class RequestStore:
             return await self.client.hget(keys.record(request_id), "is_cancel_requested") == b"1"
 
     async def idempotent_request(self, owner: str, key: str) -> str | None:
-        """The id of the request `key` was used for, if any (a cheap look before admission)."""
+        """The id of the request `key` was used for, if a retry with it should get that request (a cheap look
+        before admission). A key whose request expired, or failed on the server's side (`RETRYABLE_FAILURES`), is
+        released instead, and None returned: the retry runs as a new request and claims the key again."""
+        idempotency = keys.idempotency(owner, key)
         with redis_guard("checking an idempotency key"):
-            existing = await self.client.get(keys.idempotency(owner, key))
-        return existing.decode() if existing is not None else None
+            existing = await self.client.get(idempotency)
+            if existing is None:
+                return None
+            request_id = existing.decode()
+            args = [request_id, *RETRYABLE_FAILURES]
+            is_released = await self._release_key(keys=[idempotency, keys.record(request_id)], args=args)
+        return None if is_released else request_id

@@ -19,6 +19,7 @@ from chorus.diffusion.service import DiffusionService
 from chorus.gateway.audio import StreamingEncoder
 from chorus.gateway.rest import create_app
 from chorus.runtime.host import ServiceHost
+from chorus.runtime.processes import free_port
 from chorus.v1 import common_pb2, diffusion_pb2, diffusion_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from chorus.wire import chunk_to_pcm
 
@@ -28,8 +29,8 @@ LONG_RUN = {"duration_s": 0.7, "num_steps": 500}  # the tiny model's longest: se
 
 
 @contextlib.asynccontextmanager
-async def diffusion_replica():
-    config = DiffusionConfig(device="cpu", metrics_port=-1, grace_s=1.0)
+async def diffusion_replica(port: int = 0):
+    config = DiffusionConfig(device="cpu", port=port, metrics_port=-1, grace_s=1.0)
     service = DiffusionService(config)
     host = ServiceHost(config, service)
     await host.start()
@@ -301,6 +302,40 @@ async def test_idempotency_key_returns_the_same_request(stack):
     assert sync_retry.status_code == 200 and sync_retry.headers["x-request-id"] == first.json()["id"]
     other = await http.post("/v1/audio/generations", json=body(mode="async", seed=2), headers={"Idempotency-Key": "b"})
     assert other.json()["id"] != first.json()["id"]
+
+
+async def test_a_retry_of_a_request_that_failed_on_the_servers_side_runs_again(start_gateway, redis_url):
+    """The only diffusion replica stops mid-run: the run fails (503, nothing to fail over to). Once a replica is
+    back on that address, the same POST with the same Idempotency-Key runs anew and completes; it is not answered
+    the failure again (which every retry with that key would get until the key expired, 24 h later)."""
+    port = free_port()
+    headers = {"Idempotency-Key": "retry-after-503"}
+    async with contextlib.AsyncExitStack() as first_replica:
+        target, _ = await first_replica.enter_async_context(diffusion_replica(port))
+        async with gateway_with(start_gateway, redis_url, [target], replica_wait_s=0.3) as (gateway, http, _):
+            accepted = await http.post("/v1/audio/generations", json=body(mode="async", **LONG_RUN), headers=headers)
+            failed_id = accepted.json()["id"]
+
+            async def has_progress() -> bool:
+                return (await http.get(f"/v1/requests/{failed_id}")).json()["progress"] is not None
+
+            async def has_failed() -> bool:
+                return (await http.get(f"/v1/requests/{failed_id}")).json()["status"] == "failed"
+
+            await wait_for(has_progress)
+            await first_replica.aclose()
+            await wait_for(has_failed)
+            async with diffusion_replica(port):
+                await wait_for(lambda: _any_healthy(gateway))
+                retry = await http.post("/v1/audio/generations", json=body(seed=7), headers=headers)
+                assert retry.status_code == 200, retry.text  # before the fix: the failure, replayed (503)
+                assert retry.headers["x-request-id"] != failed_id and len(retry.content) > 0
+                again = await http.post("/v1/audio/generations", json=body(mode="async", seed=7), headers=headers)
+                assert again.json()["id"] == retry.headers["x-request-id"]  # the key names the new request now
+
+
+async def _any_healthy(gateway) -> bool:
+    return any(replica.is_healthy for replica in gateway.context.backends.replicas["diffusion"])
 
 
 async def test_admission_full_answers_429_with_retry_after(start_gateway, redis_url, replica):

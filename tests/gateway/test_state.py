@@ -185,6 +185,43 @@ async def test_idempotency_key_maps_to_the_first_request(client, other_client):
     assert (await store.get(first_id)).status == "queued"
 
 
+@pytest.mark.parametrize(
+    ("ending", "is_replayed"),
+    [
+        ((DONE, None), True),
+        ((FAILED, {"code": "INVALID_ARGUMENT", "message": "voice: unknown"}), True),  # the client's: same answer
+        ((FAILED, {"code": "UNAVAILABLE", "message": "no healthy talker replica"}), False),  # the server's: run again
+        ((FAILED, {"code": "INTERNAL", "message": "internal error"}), False),
+        (None, False),  # the record expired: nothing to answer with
+    ],
+)
+async def test_a_retry_with_an_idempotency_key_gets_its_request_unless_it_failed_on_the_servers_side(
+    client, ending, is_replayed
+):
+    queue, store = RunQueue(client, "replica-a", 2.0, f"chorus:runs:{time.monotonic_ns()}"), RequestStore(client)
+    key = f"idem-{time.monotonic_ns()}"
+
+    async def admit() -> tuple[bool, str]:
+        _, fields = store.new_record("speech", "m", owner="owner")
+        return await queue.admit(fields, b"spec", 60, (keys.idempotency("owner", key), 60))
+
+    assert (await admit())[0]
+    first_id = await store.idempotent_request("owner", key)
+    if ending is None:
+        await client.delete(keys.record(first_id))
+    else:
+        status, error = ending
+        await store.transition(first_id, RUNNING)
+        await store.transition(first_id, status, **({"error": error} if error else {}))
+    if is_replayed:
+        assert await store.idempotent_request("owner", key) == first_id
+        assert await admit() == (False, first_id)
+    else:
+        assert await store.idempotent_request("owner", key) is None  # released: the retry is admitted anew
+        is_new, _ = await admit()
+        assert is_new and await store.idempotent_request("owner", key) not in (None, first_id)
+
+
 def test_api_keys_are_checked_and_held_hashed():
     assert ApiKeys(()).authenticate(None) == ""
     api_keys = ApiKeys(("secret-one", "sha256:" + hash_key("secret-two")))
