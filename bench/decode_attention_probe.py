@@ -18,7 +18,8 @@ kernel's output.
 Answer (H200, bench/results/decode-attention-20261128-1711.json, the committed kernel as the probe's "pipelined"
 candidate then): µs a launch, committed / sequential: 64 rows at positions 20–145 12.2 / 14.3, all at 150 17.7 /
 21.6, all at 40 (one block) 7.0 / 6.6, positions 20–1000 44.8 / 60.4, 256 rows at 20–145 31.9 / 38.4, one row at 100
-3.6 / 4.6, the predictor 3.2 / 3.2 (its own straight path now). Splitting was slower everywhere (split4 33.8 µs at
+3.6 / 4.6, the predictor 3.25 / 3.17 through the pipelined loop (which is why its single block now goes
+straight through; not timed alone since). Splitting was slower everywhere (split4 33.8 µs at
 64 rows 20–145, split2 18.8; at 20–1000 split2 48.7): a row's few blocks give each program too little to read, and
 the merge's extra reads and its fp32 partials cost more than the parallelism gains. The talker engine at batch 64:
 4.13 against 4.28–4.29 ms a step (1203–1204 against 1146–1152 audio-s/s; bench/results/talker-20261128-171625 …
