@@ -56,14 +56,18 @@ return current
 
 # KEYS[1] idempotency key, KEYS[2] the record of the request it names. ARGV[1]: that request's id, then the error
 # codes of failures a retry should run again. Deletes the key if it still names that request and the request is
-# gone (expired) or failed with one of those codes; returns 1 if it did.
+# gone (expired), failed with one of those codes, or was cancelled because its client went away (a cancel with an
+# error; one the client asked for has none); returns 1 if it did.
 _RELEASE_KEY = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
-  if redis.call('HGET', KEYS[2], 'status') ~= 'failed' then return 0 end
-  local code = cjson.decode(redis.call('HGET', KEYS[2], 'error') or '{}').code
-  local is_retryable = false
-  for i = 2, #ARGV do if code == ARGV[i] then is_retryable = true end end
+  local status = redis.call('HGET', KEYS[2], 'status')
+  local error = redis.call('HGET', KEYS[2], 'error')
+  local is_retryable = status == 'cancelled' and error
+  if status == 'failed' then
+    local code = cjson.decode(error or '{}').code
+    for i = 2, #ARGV do if code == ARGV[i] then is_retryable = true end end
+  end
   if not is_retryable then return 0 end
 end
 redis.call('DEL', KEYS[1])
@@ -254,8 +258,9 @@ class RequestStore:
 
     async def idempotent_request(self, owner: str, key: str) -> str | None:
         """The id of the request `key` was used for, if a retry with it should get that request (a cheap look
-        before admission). A key whose request expired, or failed on the server's side (`RETRYABLE_FAILURES`), is
-        released instead, and None returned: the retry runs as a new request and claims the key again."""
+        before admission). A key whose request expired, failed on the server's side (`RETRYABLE_FAILURES`) or was
+        cancelled because its client went away is released instead, and None returned: the retry runs as a new
+        request and claims the key again."""
         idempotency = keys.idempotency(owner, key)
         with redis_guard("checking an idempotency key"):
             existing = await self.client.get(idempotency)

@@ -18,6 +18,7 @@ from chorus.diffusion.config import DiffusionConfig
 from chorus.diffusion.service import DiffusionService
 from chorus.gateway.audio import StreamingEncoder
 from chorus.gateway.rest import create_app
+from chorus.gateway.state import keys
 from chorus.runtime.host import ServiceHost
 from chorus.runtime.processes import free_port
 from chorus.v1 import common_pb2, diffusion_pb2, diffusion_pb2_grpc, gateway_pb2, gateway_pb2_grpc
@@ -245,7 +246,8 @@ async def cancel_a_long_run(stub, runner_http, cancel_http) -> tuple[dict, float
 
 async def test_client_disconnect_cancels_the_sync_run(stack):
     gateway, http, _, stub = stack
-    post = asyncio.create_task(http.post("/v1/audio/generations", json=body(**LONG_RUN)))
+    headers = {"Idempotency-Key": "left-and-came-back"}
+    post = asyncio.create_task(http.post("/v1/audio/generations", json=body(**LONG_RUN), headers=headers))
 
     async def is_busy() -> bool:
         return await live_streams(stub) > 0
@@ -263,6 +265,17 @@ async def test_client_disconnect_cancels_the_sync_run(stack):
     # Disconnect poll (0.25 s) + reconnect grace (0.4 s) + the service noticing the cancel.
     assert time.monotonic() - started < 2.0
     assert gateway.context.admission.backends["diffusion"].num_in_flight == 0
+
+    requests = gateway.context.requests
+    left_id = (await requests.client.get(keys.idempotency("", headers["Idempotency-Key"]))).decode()
+
+    async def is_cancelled() -> bool:
+        return (await http.get(f"/v1/requests/{left_id}")).json()["status"] == "cancelled"
+
+    await wait_for(is_cancelled)
+    retry = await http.post("/v1/audio/generations", json=body(), headers=headers)
+    assert retry.status_code == 200, retry.text  # the client came back: it gets audio, not the cancel replayed
+    assert retry.headers["x-request-id"] != left_id
 
 
 async def test_the_follower_of_a_sync_run_ends_before_a_client_gone_is_answered(stack):

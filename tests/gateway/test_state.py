@@ -192,10 +192,12 @@ async def test_idempotency_key_maps_to_the_first_request(client, other_client):
         ((FAILED, {"code": "INVALID_ARGUMENT", "message": "voice: unknown"}), True),  # the client's: same answer
         ((FAILED, {"code": "UNAVAILABLE", "message": "no healthy talker replica"}), False),  # the server's: run again
         ((FAILED, {"code": "INTERNAL", "message": "internal error"}), False),
+        ((CANCELLED, None), True),  # cancelled as the client asked
+        ((CANCELLED, {"code": "CANCELLED", "message": "the client went away"}), False),  # it came back: run again
         (None, False),  # the record expired: nothing to answer with
     ],
 )
-async def test_a_retry_with_an_idempotency_key_gets_its_request_unless_it_failed_on_the_servers_side(
+async def test_a_retry_with_an_idempotency_key_gets_its_request_unless_it_failed_on_the_servers_side_or_was_left(
     client, ending, is_replayed
 ):
     queue, store = RunQueue(client, "replica-a", 2.0, f"chorus:runs:{time.monotonic_ns()}"), RequestStore(client)
