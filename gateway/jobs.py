@@ -2,7 +2,7 @@
 
 A request is admitted first (429 beyond the backend's queue), then its idempotency key is
 claimed (a retry with the same key gets the earlier request, not a second generation, unless that request failed
-on the server's side or expired: then the retry runs anew), then its
+on the server's side, was cancelled because its client went away, or expired: then the retry runs anew), then its
 record is created and its run started on this replica (handed unstarted to another one if this process began
 draining meanwhile). Anyone may follow it from any replica: progress through the record, audio through the
 output journal (in memory on the run's replica).
