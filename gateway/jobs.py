@@ -38,7 +38,6 @@ from chorus.runtime.errors import NotFound, Unavailable
 from chorus.v1 import common_pb2, diffusion_pb2, talker_pb2
 
 PROGRESS_POLL_INTERVAL_S = 0.1
-IDEMPOTENCY_TTL_S = 86_400
 DIFFUSION_MODEL = "stable-audio-open-1.0"  # what /v1/models lists for the diffusion service
 DRAINING = "this gateway process is shutting down; retry (another process takes new requests)"
 
@@ -80,8 +79,10 @@ async def _start(
         record, fields = ctx.requests.new_record(
             owner=owner, request_id=request_id, runner=ctx.broker.runner, **record_fields
         )
-        # Claimed only once admitted, so a refused request leaves no key behind.
-        idempotency = (keys.idempotency(owner, idempotency_key), IDEMPOTENCY_TTL_S) if idempotency_key else None
+        # Claimed only once admitted, so a refused request leaves no key behind; kept as long as the record (a key
+        # whose request expired would be released by the next retry anyway).
+        ttl_s = ctx.requests.ttl_s
+        idempotency = (keys.idempotency(owner, idempotency_key), ttl_s) if idempotency_key else None
         is_new, value = await ctx.broker.queue.admit(fields, encode_spec(spec), ctx.requests.ttl_s, idempotency)
     except BaseException:
         await slot.aclose()

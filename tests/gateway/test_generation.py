@@ -305,7 +305,7 @@ async def test_the_follower_of_a_sync_run_ends_before_a_client_gone_is_answered(
 
 
 async def test_idempotency_key_returns_the_same_request(stack):
-    _, http, _, _ = stack
+    gateway, http, _, _ = stack
     headers = {"Idempotency-Key": "job-42"}
     first = await http.post("/v1/audio/generations", json=body(mode="async", seed=2), headers=headers)
     again = await http.post("/v1/audio/generations", json=body(mode="async", seed=2), headers=headers)
@@ -315,12 +315,14 @@ async def test_idempotency_key_returns_the_same_request(stack):
     assert sync_retry.status_code == 200 and sync_retry.headers["x-request-id"] == first.json()["id"]
     other = await http.post("/v1/audio/generations", json=body(mode="async", seed=2), headers={"Idempotency-Key": "b"})
     assert other.json()["id"] != first.json()["id"]
+    requests = gateway.context.requests  # a key lasts as long as its request's record, not a day past it
+    assert 0 < await requests.client.ttl(keys.idempotency("", "job-42")) <= requests.ttl_s
 
 
 async def test_a_retry_of_a_request_that_failed_on_the_servers_side_runs_again(start_gateway, redis_url):
     """The only diffusion replica stops mid-run: the run fails (503, nothing to fail over to). Once a replica is
     back on that address, the same POST with the same Idempotency-Key runs anew and completes; it is not answered
-    the failure again (which every retry with that key would get until the key expired, 24 h later)."""
+    the failure again (which every retry with that key would get until the key expired)."""
     port = free_port()
     headers = {"Idempotency-Key": "retry-after-503"}
     async with contextlib.AsyncExitStack() as first_replica:
