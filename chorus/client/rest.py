@@ -2,19 +2,25 @@
 
 Base URL from the argument, `CHORUS_URL` or `http://127.0.0.1:8000`; API key from the argument or
 `CHORUS_API_KEY`. Streaming speech yields raw audio pieces; the stream object keeps the request id and the bytes
-received, which is all `resume` needs to continue a cut stream byte-identically.
+received, which is all `resume` needs to continue a cut stream byte-identically. Calls that get a whole answer are
+tried again when the gateway refuses them for now or cannot be reached (`retries`; `max_retries=0`: never).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 import json
 import os
+import time
 import urllib.parse
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import httpx
 
+from chorus.client import retries
 from chorus.client.errors import GatewayUnreachable, raise_for_reply
 
 
@@ -52,10 +58,17 @@ class SpeechStream:
 
 
 class Client:
-    def __init__(self, base_url: str | None = None, api_key: str | None = None, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        max_retries: int = retries.DEFAULT_MAX_RETRIES,
+    ) -> None:
         self.base_url, headers = _settings(base_url, api_key)
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
         self._model: str | None = None
+        self.max_retries = max_retries
 
     def __enter__(self) -> Client:
         return self
@@ -64,12 +77,19 @@ class Client:
         self._http.close()
 
     def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
-        try:
-            reply = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise GatewayUnreachable(self.base_url, str(exc) or type(exc).__name__) from None
-        raise_for_reply(reply)
-        return reply
+        for attempt in itertools.count():
+            request = self._http.build_request(method, path, **kwargs)
+            try:
+                outcome = self._http.send(request)
+            except httpx.TransportError as exc:
+                outcome = exc
+            if not retries.should_retry(attempt, self.max_retries, request, outcome):
+                break
+            time.sleep(retries.delay_s(attempt, outcome))
+        if isinstance(outcome, Exception):
+            raise GatewayUnreachable(self.base_url, str(outcome) or type(outcome).__name__) from None
+        raise_for_reply(outcome)
+        return outcome
 
     def models(self) -> list[dict]:
         return self._call("GET", "/v1/models").json()["data"]
@@ -104,7 +124,7 @@ class Client:
     def speech(self, text: str, *, model=None, voice=None, response_format="wav", **extensions) -> bytes:
         """The whole audio file of `text` (extensions: language, instructions, ref_audio, seed, …)."""
         body = speech_body(text, self._speech_model(model), voice, response_format, **extensions)
-        return self._call("POST", "/v1/audio/speech", json=body).content
+        return self._call("POST", "/v1/audio/speech", json=body, headers=_idempotency()).content
 
     @contextlib.contextmanager
     def stream_speech(self, text: str, *, model=None, voice=None, response_format="pcm", **extensions):
@@ -138,7 +158,7 @@ class Client:
                  response_format: str = "wav", **fields) -> bytes:  # fmt: skip
         """Text → audio: starts an async job, reports `on_progress(step, num_steps)`, returns the audio file."""
         body = {"model": "stable-audio-open-1.0", "prompt": prompt, "response_format": response_format, "mode": "async"}
-        job = self._call("POST", "/v1/audio/generations", json=body | fields).json()
+        job = self._call("POST", "/v1/audio/generations", json=body | fields, headers=_idempotency()).json()
         request_id = job["id"]
         with self._http.stream("GET", f"/v1/requests/{request_id}/events") as events:
             for event in _sse_data(events.iter_lines()):
@@ -152,9 +172,16 @@ class Client:
 class AsyncClient:
     """The same verbs as `Client`, awaitable."""
 
-    def __init__(self, base_url: str | None = None, api_key: str | None = None, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        max_retries: int = retries.DEFAULT_MAX_RETRIES,
+    ) -> None:
         self.base_url, headers = _settings(base_url, api_key)
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout_s)
+        self.max_retries = max_retries
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -163,12 +190,19 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
-        try:
-            reply = await self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise GatewayUnreachable(self.base_url, str(exc) or type(exc).__name__) from None
-        raise_for_reply(reply)
-        return reply
+        for attempt in itertools.count():
+            request = self._http.build_request(method, path, **kwargs)
+            try:
+                outcome = await self._http.send(request)
+            except httpx.TransportError as exc:
+                outcome = exc
+            if not retries.should_retry(attempt, self.max_retries, request, outcome):
+                break
+            await asyncio.sleep(retries.delay_s(attempt, outcome))
+        if isinstance(outcome, Exception):
+            raise GatewayUnreachable(self.base_url, str(outcome) or type(outcome).__name__) from None
+        raise_for_reply(outcome)
+        return outcome
 
     async def models(self) -> list[dict]:
         return (await self._call("GET", "/v1/models")).json()["data"]
@@ -195,7 +229,7 @@ class AsyncClient:
     async def speech(self, text: str, *, model=None, voice=None, response_format="wav", **extensions) -> bytes:
         model = model or (await self.models())[0]["id"]
         body = speech_body(text, model, voice, response_format, **extensions)
-        return (await self._call("POST", "/v1/audio/speech", json=body)).content
+        return (await self._call("POST", "/v1/audio/speech", json=body, headers=_idempotency())).content
 
     async def stream_speech(self, text: str, *, model=None, voice=None, response_format="pcm",
                             **extensions) -> AsyncIterator[bytes]:  # fmt: skip
@@ -210,6 +244,11 @@ class AsyncClient:
                     yield piece
         except httpx.TransportError as exc:
             raise GatewayUnreachable(self.base_url, str(exc) or type(exc).__name__) from None
+
+
+def _idempotency() -> dict[str, str]:
+    """A key for one call that starts a request: each of its retries gets what the first attempt started."""
+    return {retries.IDEMPOTENCY_HEADER: uuid.uuid4().hex}
 
 
 def _counted(pieces: Iterator[bytes], state: SpeechStream) -> Iterator[bytes]:

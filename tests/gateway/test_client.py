@@ -10,13 +10,15 @@ import subprocess
 import sys
 
 import av
+import httpx
 import pytest
 from speech_stack import hosted, reference_wav, speech_stack
 
 from chorus.cli import main
-from chorus.client import APIError, AsyncClient, AsyncGrpcClient, Client, GatewayUnreachable, GrpcClient
+from chorus.client import APIError, AsyncClient, AsyncGrpcClient, Client, GatewayUnreachable, GrpcClient, retries
 from chorus.diffusion.config import DiffusionConfig
 from chorus.diffusion.service import DiffusionService
+from chorus.runtime.processes import free_port
 
 SAY = {"voice": "ryan", "seed": 3, "max_frames": 12}
 
@@ -174,6 +176,49 @@ async def test_clients_and_cli_save_use_and_delete_voices(stack, tmp_path, capsy
             return client.delete_voice(voice.id)
 
     assert (await in_thread(blocking_grpc)).name == "Sync grpc voice"
+
+
+async def test_the_rest_client_tries_a_refused_call_again_until_the_gateway_serves_it(start_gateway, redis_url):
+    """No diffusion replica yet: the gateway answers 503 (Retry-After: 1). With retries off the call fails at once;
+    with them, a call made before the replica starts returns its audio once it is up."""
+    port = free_port()
+    async with start_gateway(redis_url, diffusion_targets=(f"127.0.0.1:{port}",)) as (_, http, _):
+        url = str(http.base_url)
+
+        def generate(max_retries: int) -> bytes:
+            with Client(url, max_retries=max_retries) as client:
+                return client.generate("rain", num_steps=4, duration_s=0.2)
+
+        with pytest.raises(APIError) as refused:
+            await in_thread(generate, 0)
+        assert refused.value.status == 503
+        generating = asyncio.ensure_future(in_thread(generate, 5))
+        await asyncio.sleep(0.5)
+        assert not generating.done()
+        config = DiffusionConfig(device="cpu", port=port, metrics_port=-1, grace_s=1.0)
+        async with hosted(config, DiffusionService(config)):
+            audio = await asyncio.wait_for(generating, timeout=30)
+    assert decoded(audio)[0] == 44_100
+
+
+def test_which_failures_the_rest_client_tries_again():
+    def request(method: str, **headers: str) -> httpx.Request:
+        return httpx.Request(method, "http://gateway/v1/x", headers=headers)
+
+    keyed_post = request("POST", **{retries.IDEMPOTENCY_HEADER: "k"})
+    refused = httpx.Response(503, headers={"retry-after": "2"})
+    broken = httpx.ReadError("connection reset")
+    assert retries.should_retry(0, 2, request("POST"), refused)  # refused for now: nothing was done
+    assert retries.should_retry(1, 2, request("POST"), httpx.Response(429))
+    assert not retries.should_retry(2, 2, request("POST"), refused)  # out of retries
+    assert not retries.should_retry(0, 2, request("POST"), httpx.Response(500))  # a bug does not go away
+    assert not retries.should_retry(0, 2, request("POST"), httpx.Response(404))
+    assert retries.should_retry(0, 2, request("DELETE"), httpx.ConnectError("refused"))  # never sent
+    assert not retries.should_retry(0, 2, request("POST"), broken)  # sent, maybe done: not safe again
+    assert retries.should_retry(0, 2, keyed_post, broken) and retries.should_retry(0, 2, request("GET"), broken)
+    assert retries.delay_s(0, refused) == 2.0
+    assert retries.delay_s(3, httpx.Response(503, headers={"retry-after": "600"})) == retries.MAX_DELAY_S
+    assert [retries.delay_s(attempt, broken) for attempt in range(3)] == [0.5, 1.0, 2.0]
 
 
 def test_cli_connection_error_is_one_line_without_traceback(tmp_path):
