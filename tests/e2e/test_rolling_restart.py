@@ -10,7 +10,7 @@ import time
 
 import pytest
 from cluster import Cluster, ResumingClient, two_of_everything
-from workload import judge, load, references
+from workload import judge, load, references, undisturbed_reconnects
 
 
 @pytest.fixture
@@ -44,7 +44,8 @@ async def test_a_rolling_restart_under_load_fails_no_request(cluster, redis_url,
     failed, different, largest_lsb = judge(answers, requests, reference, redis_url)
     with capsys.disabled():  # the figures show in every run, not only a failing one
         print(
-            f"\nrolling restart: {len(answers)} requests ({sum(a.reconnects for _, a in answers)} client reconnects) "
+            f"\nrolling restart: undisturbed first ({undisturbed_reconnects(reference)} client reconnects), then "
+            f"{len(answers)} requests ({sum(a.reconnects for _, a in answers)} client reconnects) "
             f"while {len(timings)} processes restarted one at a time "
             f"({', '.join(f'{name} {seconds:.1f} s' for name, seconds in timings)}); failed {len(failed)}, "
             f"different {len(different)}, largest audio difference {largest_lsb} LSB"
