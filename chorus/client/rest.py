@@ -128,18 +128,31 @@ class Client:
 
     @contextlib.contextmanager
     def stream_speech(self, text: str, *, model=None, voice=None, response_format="pcm", **extensions):
-        """`with client.stream_speech(...) as (stream, pieces)`: audio pieces as they are made."""
+        """`with client.stream_speech(...) as (stream, pieces)`: audio pieces as they are made. A stream cut midway
+        (the gateway process serving it died) goes on from the bytes received, through any process answering at
+        the base URL: `max_retries` times, after 0.5 s doubling."""
         body = speech_body(text, self._speech_model(model), voice, response_format, **extensions)
         state = SpeechStream()
         try:
-            with self._http.stream("POST", "/v1/audio/speech", json=body) as reply:
+            with self._http.stream("POST", "/v1/audio/speech", json=body, headers=_idempotency()) as reply:
                 if reply.status_code >= 400:
                     reply.read()
                 raise_for_reply(reply)
                 state.request_id = reply.headers.get("x-request-id")
-                yield state, _counted(reply.iter_bytes(), state)
+                yield state, self._continued(_counted(reply.iter_bytes(), state), state)
         except httpx.TransportError as exc:
             raise GatewayUnreachable(self.base_url, str(exc) or type(exc).__name__) from None
+
+    def _continued(self, pieces: Iterator[bytes], state: SpeechStream) -> Iterator[bytes]:
+        for attempt in itertools.count():
+            try:
+                yield from pieces
+                return
+            except (httpx.TransportError, GatewayUnreachable) as cut:
+                if state.request_id is None or attempt >= self.max_retries:
+                    raise
+                time.sleep(retries.delay_s(attempt, cut))
+                pieces = _counted(self.resume(state.request_id, state.bytes_received), state)
 
     def resume(self, request_id: str, offset_bytes: int = 0) -> Iterator[bytes]:
         """The rest of a speech stream after `offset_bytes` already received (journaled, then live)."""
@@ -233,10 +246,40 @@ class AsyncClient:
 
     async def stream_speech(self, text: str, *, model=None, voice=None, response_format="pcm",
                             **extensions) -> AsyncIterator[bytes]:  # fmt: skip
+        """Audio pieces as they are made; a stream cut midway goes on as `Client.stream_speech`'s does."""
         model = model or (await self.models())[0]["id"]
         body = speech_body(text, model, voice, response_format, **extensions)
+        state = SpeechStream()
+        for attempt in itertools.count():
+            try:
+                if state.request_id is None:
+                    request = self._http.build_request("POST", "/v1/audio/speech", json=body, headers=_idempotency())
+                else:
+                    params = {"offset_bytes": state.bytes_received}
+                    request = self._http.build_request("GET", f"/v1/requests/{state.request_id}/audio", params=params)
+                reply = await self._http.send(request, stream=True)
+                try:
+                    if reply.status_code >= 400:
+                        await reply.aread()
+                    raise_for_reply(reply)
+                    state.request_id = state.request_id or reply.headers.get("x-request-id")
+                    async for piece in reply.aiter_bytes():
+                        state.bytes_received += len(piece)
+                        yield piece
+                    return
+                finally:
+                    await reply.aclose()
+            except httpx.TransportError as cut:
+                if state.request_id is None or attempt >= self.max_retries:
+                    raise GatewayUnreachable(self.base_url, str(cut) or type(cut).__name__) from None
+                await asyncio.sleep(retries.delay_s(attempt, cut))
+
+    async def resume(self, request_id: str, offset_bytes: int = 0) -> AsyncIterator[bytes]:
+        """The rest of a speech stream after `offset_bytes` already received (journaled, then live)."""
         try:
-            async with self._http.stream("POST", "/v1/audio/speech", json=body) as reply:
+            async with self._http.stream(
+                "GET", f"/v1/requests/{request_id}/audio", params={"offset_bytes": offset_bytes}
+            ) as reply:
                 if reply.status_code >= 400:
                     await reply.aread()
                 raise_for_reply(reply)
