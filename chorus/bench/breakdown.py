@@ -81,7 +81,6 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
     chunks = delta.get("chorus_vocoder_batch_size_sum", 0.0)  # one per stream in each batch
     audio_s = delta.get("chorus_vocoder_audio_seconds_total", 0.0)
     idle_rows = delta.get("chorus_vocoder_idle_rows_total", 0.0)
-    started = delta.get("chorus_talker_queue_seconds_count", 0.0)  # requests whose first frame came
     speech_cpu_s = after.speech_cpu_s - before.speech_cpu_s
     gateway_cpu_s = after.gateway_cpu_s - before.gateway_cpu_s
     talker_wall_s = wall_s * len(processes.talker_pids)
@@ -103,9 +102,7 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
         "talker_prefill_cpu_ms_per_request": _ratio(prefill_cpu_s * 1e3, prefills),
         "talker_prefill_busy_fraction": busy[1],
         "talker_queue_ms_mean": _mean_ms(delta, "chorus_talker_queue_seconds"),
-        "talker_first_frame_ms_mean": _ratio(
-            delta.get("chorus_talker_time_to_first_frame_seconds_sum", 0.0) * 1e3, started
-        ),
+        "talker_first_frame_ms_mean": _mean_ms(delta, "chorus_talker_time_to_first_frame_seconds"),
         "vocoder_batches": round(batches),
         "vocoder_decode_ms_per_batch": _ratio(decode_s * 1e3, batches),
         "vocoder_mean_batch_size": _ratio(chunks, batches),
