@@ -107,5 +107,5 @@ async def test_a_failed_run_logs_its_request_id_and_why(new_run, caplog, error, 
         run.error = error
         with caplog.at_level(logging.INFO, logger="chorus.gateway.run"):
             assert await run.run() == FAILED
-    [record] = [record for record in caplog.records if run.request_id in record.getMessage()]
+    [record] = [record for record in caplog.records if f"request {run.request_id} failed" in record.getMessage()]
     assert record.levelno == level and str(error) in record.getMessage()
