@@ -119,7 +119,10 @@ async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, r
         # The same for the latency, split at the end of the frames and of the PCM.
         tail = level["latency_stages"]
         assert tail["requests"] == 3 and list(tail["p50_ms"]) == list(LATENCY_STAGES), tail
-        assert all(tail["p50_ms"][stage] > 0 for stage in ("first_frame", "frames", "finish", "client")), tail
+        assert all(tail["p50_ms"][stage] > 0 for stage in ("first_frame", "frames", "client")), tail
+        # From the last PCM to the record's end is one Redis write, 0.1–0.5 ms here: at the timeline's 0.1 ms
+        # rounding it can read 0.0, never less (the end is marked after the last PCM).
+        assert tail["p50_ms"]["finish"] >= 0, tail
         assert sum(tail["p50_ms"].values()) <= 1.5 * level["latency_ms"]["p99"], tail
         if not level["underrun_events"]:  # else the pieces waited for are timed (test_bench_ttfp.py)
             assert level["underrun_stages"] == {"skipped": "no player ran dry"}, level["underrun_stages"]
