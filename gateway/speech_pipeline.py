@@ -37,7 +37,7 @@ from chorus.gateway.failover import (
 from chorus.gateway.frame_log import FrameLog
 from chorus.runtime.errors import ChorusError, InvalidRequest, Overloaded, Unavailable
 from chorus.runtime.logs import REQUEST_ID_HEADER
-from chorus.runtime.tasks import cancel_and_join, cancel_and_wait
+from chorus.runtime.tasks import cancel_and_drop, cancel_and_join
 from chorus.v1 import common_pb2, talker_pb2, vocoder_pb2
 
 CODEC_FRAME_RATE_HZ = 12.5  # the Qwen3-TTS 12 Hz codec: sample rate / 12.5 samples per frame
@@ -154,7 +154,7 @@ class SegmentPipeline:
             call.cancel()
             # The writer ends with the stream: one left behind would still read the client's text deltas while a
             # fail-over's writer replays them, or after the segment ended.
-            await cancel_and_wait([writer], "text writer")  # its error dropped: what ended the stream is raised
+            await cancel_and_drop(writer, "text writer")  # what ended the stream is raised
 
     async def _write_text(self, call, request: talker_pb2.SynthesisRequest) -> None:
         await call.write(talker_pb2.SynthesizeInput(request=request))
@@ -209,7 +209,7 @@ class SegmentPipeline:
             _raise_for(exc, "vocoder")
         finally:
             call.cancel()
-            await cancel_and_wait([sender], "vocoder sender")  # its error dropped: what ended the stream is raised
+            await cancel_and_drop(sender, "vocoder sender")  # what ended the stream is raised
 
     def _vocoder_owes(self) -> bool:
         """Whether the vocoder has work to answer (audio of frames sent, or its Final): silence is then a stall."""

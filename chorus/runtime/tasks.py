@@ -59,6 +59,14 @@ async def cancel_and_join(task: asyncio.Task, what: str) -> None:
         raise task.exception()
 
 
+async def cancel_and_drop(task: asyncio.Task, what: str) -> None:
+    """Cancels `task` and waits until it ends (as `cancel_and_wait`), dropping what it raised: for a helper whose
+    caller raises what ended their shared work. Its error is read, so asyncio does not log it as never retrieved."""
+    await cancel_and_wait([task], what)
+    if task.done() and not task.cancelled():
+        task.exception()
+
+
 def raise_if_cancel_lost() -> None:
     """After an await that can lose a cancel on Python 3.11 (a redis-py command): raise the cancel the calling task
     was sent and did not get. Only where that task never goes on by choice after a cancel (not in a cleanup that

@@ -19,7 +19,7 @@ import redis.asyncio as redis
 
 from chorus.gateway.state import keys
 from chorus.gateway.state.connection import redis_guard
-from chorus.gateway.state.requests import TERMINAL, RequestStore, RunLost
+from chorus.gateway.state.requests import DONE, FAILED, TERMINAL, RequestRecord, RequestStore, RunLost
 from chorus.runtime.errors import NotFound
 
 _END_SEQUENCE = 2**63 - 2  # id of the end marker: after every chunk
@@ -62,6 +62,15 @@ def _entry(stream_id: bytes, fields: dict[bytes, bytes]) -> JournalEntry:
     if b"final" in fields:
         return JournalEntry(sequence, b"", final=json.loads(fields[b"final"]))
     return JournalEntry(sequence, fields[b"data"])
+
+
+def _final_of(record: RequestRecord, last_read: int) -> dict:
+    """The end marker a run that ended without writing one would have written. A run done is one only if its
+    last chunk is the last one read: a stream must not end "done" short of its audio."""
+    if record.status == DONE and record.last_sequence != last_read:
+        message = f"the stream reached chunk {last_read}, but the run recorded chunk {record.last_sequence} as its last"
+        return {"status": FAILED, "error": {"code": "DATA_LOSS", "message": message}, "usage": None}
+    return {"status": record.status, "error": record.error, "usage": record.usage}
 
 
 class OutputJournal:
@@ -115,10 +124,12 @@ class OutputJournal:
             with redis_guard("reading the output journal"):
                 reply = await self.client.xread({key: last_id}, count=64, block=self.block_ms)
             if not reply:
-                # Nothing new within block_ms: stop if the request ended without an end marker
-                # (its gateway replica died) — raises NotFound if the record itself expired.
+                # Nothing new within block_ms: the request may have ended without its end marker (its process
+                # died between the record's last write and the marker's, or it was cancelled while queued); its
+                # record then says how it ended. Raises NotFound if the record itself expired.
                 record = await self.requests.get(request_id)
                 if record.status in TERMINAL and not await self._has_entries_after(key, last_id):
+                    yield JournalEntry(_END_SEQUENCE, b"", final=_final_of(record, expected_sequence - 1))
                     return
                 continue
             for stream_id, fields in reply[0][1]:

@@ -99,7 +99,10 @@ async def test_a_run_that_ends_without_its_end_marker_leaves_readers_to_the_jour
     await requests.transition(request_id, FAILED, error={"code": "UNAVAILABLE", "message": "Redis went away"})
     await produce(journal, output, end=False)  # the end marker's write failed
     live = await asyncio.wait_for(reader, timeout=5)
-    assert [entry.data for entry in live] == CHUNKS  # as a journal reader: the chunks, then it stops
+    # As a journal reader: the chunks, then the end the record holds.
+    assert [entry.data for entry in live[:-1]] == CHUNKS
+    error = {"code": "UNAVAILABLE", "message": "Redis went away"}
+    assert live[-1].final == {"status": FAILED, "error": error, "usage": None}
 
 
 async def test_a_reader_after_the_run_ended_gets_the_journal(state):

@@ -109,15 +109,41 @@ async def test_resume_from_a_trimmed_sequence_is_refused(client):
     assert [e.sequence for e in [entry async for entry in journal.read(request_id, after_sequence=3)]][:2] == [4, 5]
 
 
-async def test_reader_stops_when_the_request_ended_without_an_end_marker(client):
+async def test_a_request_ended_without_its_end_marker_ends_its_readers_as_its_record_says(client):
+    """The run's process died between the record's last write and the end marker's (or the request was cancelled
+    while queued): readers get the end marker the run would have written, never a stream that just stops."""
     store = RequestStore(client)
     journal = OutputJournal(client, store, block_ms=50)
-    request_id = (await store.create("speech", model="m")).request_id
-    await store.transition(request_id, RUNNING)
-    await journal.append(request_id, 0, b"a")
-    await store.transition(request_id, FAILED, error={"code": "UNAVAILABLE", "message": "talker went away"})
-    entries = await asyncio.wait_for(_collect(journal.read(request_id)), timeout=2)
-    assert [e.data for e in entries] == [b"a"]
+
+    async def ended(status: str, num_chunks: int, **fields) -> str:
+        request_id = (await store.create("speech", model="m")).request_id
+        await store.transition(request_id, RUNNING)
+        for sequence in range(num_chunks):
+            await journal.append(request_id, sequence, b"a")
+        await store.transition(request_id, status, **fields)
+        return request_id
+
+    async def read(request_id: str, after_sequence: int | None = None):
+        entries = await asyncio.wait_for(_collect(journal.read(request_id, after_sequence)), timeout=2)
+        return [e.data for e in entries if e.final is None], entries[-1].final
+
+    failed = await ended(FAILED, 1, error={"code": "UNAVAILABLE", "message": "talker went away"})
+    assert await read(failed) == (
+        [b"a"],
+        {"status": FAILED, "error": {"code": "UNAVAILABLE", "message": "talker went away"}, "usage": None},
+    )
+    usage = {"audio_s": 0.2, "last_sequence": 1}
+    done = await ended(DONE, 2, usage=usage, last_sequence=1)
+    assert await read(done) == ([b"a", b"a"], {"status": DONE, "error": None, "usage": usage})
+    assert await read(done, after_sequence=1) == ([], {"status": DONE, "error": None, "usage": usage})
+    # Done with a chunk the journal does not hold: a failure, not a short stream that says done.
+    short = await ended(DONE, 1, usage=usage, last_sequence=1)
+    chunks, final = await read(short)
+    assert chunks == [b"a"] and final["status"] == FAILED and final["error"]["code"] == "DATA_LOSS", final
+    assert "reached chunk 0" in final["error"]["message"] and "chunk 1 as its last" in final["error"]["message"]
+    queued = (await store.create("speech", model="m")).request_id
+    assert await store.request_cancel(queued) == CANCELLED
+    assert await read(queued) == ([], {"status": CANCELLED, "error": None, "usage": None})
 
 
 async def _collect(iterator):

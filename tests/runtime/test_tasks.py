@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import sys
 
 import pytest
 
-from chorus.runtime.tasks import cancel_and_join, cancel_and_wait, raise_if_cancel_lost
+from chorus.runtime.tasks import cancel_and_drop, cancel_and_join, cancel_and_wait, raise_if_cancel_lost
 
 
 async def test_a_cancel_that_wait_for_dropped_is_sent_again():
@@ -133,3 +134,23 @@ async def test_join_never_swallows_a_cancel_of_the_caller():
     # `task.cancel(); await task` under suppress(CancelledError) returns "went on": on 3.11 the caller's cancel is
     # passed on to the child it awaits, and the child's CancelledError looks like the expected one.
     assert caller.cancelled()
+
+
+async def test_drop_reads_a_failed_helpers_error_so_asyncio_logs_nothing():
+    reported: list[dict] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+
+        async def refused():  # a text writer whose talker refused the connection
+            raise ConnectionRefusedError("talker gone")
+
+        for stop in (cancel_and_drop, lambda task, what: cancel_and_wait([task], what)):
+            task = asyncio.create_task(refused())
+            await asyncio.sleep(0)
+            await stop(task, "writer")
+            del task
+            gc.collect()  # a task whose error nobody read reports it to the loop when it is collected
+        assert len(reported) == 1 and "never retrieved" in reported[0]["message"], reported  # cancel_and_wait's
+    finally:
+        loop.set_exception_handler(None)
