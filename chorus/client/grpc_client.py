@@ -1,16 +1,27 @@
 """gRPC client for `chorus.v1.Chorus`: `GrpcClient` (blocking) and `AsyncGrpcClient`.
 
 Target from the argument, `CHORUS_GRPC` or `127.0.0.1:50050`; the API key travels as `authorization` metadata.
+`speak` returns audio only for a request that ended done: a request that failed or was cancelled after its audio
+began raises, never returns the part it made. A call the gateway refused for now (RESOURCE_EXHAUSTED) or could not
+take (UNAVAILABLE: the gateway process or its backends down), or a stream cut midway (the process serving it died),
+is tried again `max_retries` times after 0.5 s doubling: `Speak` again with the same idempotency key before the
+request id arrived, else `Resume` after the last chunk received, through any process answering at the target.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 
-from chorus.client.errors import from_rpc_error
-from chorus.v1 import gateway_pb2, gateway_pb2_grpc
+from chorus.client import retries
+from chorus.client.errors import APIError, from_rpc_error
+from chorus.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 FORMATS = {
     name: getattr(gateway_pb2, f"AUDIO_FORMAT_{name.upper()}") for name in ("mp3", "opus", "aac", "flac", "wav", "pcm")
@@ -30,11 +41,80 @@ def speak_request(text: str, model: str, voice: str | None, response_format: str
     )
 
 
+# Codes a call is tried again on: the gateway refused it for now, or could not be reached (or its stream broke).
+RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+_DONE_REASONS = (common_pb2.FINISH_REASON_EOS, common_pb2.FINISH_REASON_MAX_LENGTH, common_pb2.FINISH_REASON_COMPLETE)
+
+
+class _Speech:
+    """Where one `speak` got to over all its attempts: the request id, the last chunk's sequence (where a `Resume`
+    goes on from), and whether its Final said done."""
+
+    def __init__(self, request: gateway_pb2.SpeakRequest) -> None:
+        self.request = request
+        self.request_id = ""
+        self.last_sequence: int | None = None
+        self.is_done = False
+
+    def next_call(self, stub: gateway_pb2_grpc.ChorusStub, metadata: tuple):
+        """This attempt's stream: the request itself until its id arrived, then the rest of its output."""
+        if not self.request_id:
+            return stub.Speak(self.request, metadata=metadata)
+        resume = gateway_pb2.ResumeRequest(request_id=self.request_id)
+        if self.last_sequence is not None:
+            resume.after_sequence = self.last_sequence
+        return stub.Resume(resume, metadata=metadata)
+
+    def take(self, output: gateway_pb2.SpeakOutput) -> bytes:
+        """Notes `output`; returns its audio (b"" for the other messages). Raises APIError for a Final that is not
+        done."""
+        kind = output.WhichOneof("output")
+        if kind == "request_id":
+            self.request_id = output.request_id
+        elif kind == "audio":
+            self.last_sequence = output.audio.sequence
+            return output.audio.data
+        elif kind == "final":
+            final = output.final
+            if final.reason not in _DONE_REASONS:
+                reason = common_pb2.FinishReason.Name(final.reason).removeprefix("FINISH_REASON_")
+                message = final.error.message or f"the request ended {reason.lower()}"
+                raise APIError(final.error.code or reason, message, request_id=self.request_id or None)
+            self.is_done = True
+        return b""
+
+    def may_retry(self, attempt: int, max_retries: int, error: grpc.RpcError | None) -> bool:
+        """Whether attempt `attempt` (0: the first), which ended in `error` (None: its stream ended without a
+        Final), is tried again."""
+        return attempt < max_retries and (error is None or error.code() in RETRY_CODES)
+
+
+class SpeechPieces:
+    """A streamed speech call's audio pieces (`for`, or `async for` from the async client) and its request id."""
+
+    def __init__(self, speech: _Speech, pieces: Iterator[bytes] | AsyncIterator[bytes]) -> None:
+        self._speech = speech
+        self._pieces = pieces
+
+    @property
+    def request_id(self) -> str:
+        return self._speech.request_id
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._pieces
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._pieces
+
+
 class GrpcClient:
-    def __init__(self, target: str | None = None, api_key: str | None = None) -> None:
+    def __init__(
+        self, target: str | None = None, api_key: str | None = None, max_retries: int = retries.DEFAULT_MAX_RETRIES
+    ) -> None:
         self.target, self._metadata = _settings(target, api_key)
         self._channel = grpc.insecure_channel(self.target)
         self._stub = gateway_pb2_grpc.ChorusStub(self._channel)
+        self.max_retries = max_retries
 
     def __enter__(self) -> GrpcClient:
         return self
@@ -43,18 +123,32 @@ class GrpcClient:
         self._channel.close()
 
     def speak(self, text: str, *, model: str, voice=None, response_format="wav", **fields) -> tuple[str, bytes]:
-        """(request id, the whole audio file); fields: language, seed, max_frames, …"""
-        request = speak_request(text, model, voice, response_format, **fields)
-        request_id, audio = "", b""
-        try:
-            for output in self._stub.Speak(request, metadata=self._metadata):
-                if output.WhichOneof("output") == "request_id":
-                    request_id = output.request_id
-                elif output.HasField("audio"):
-                    audio += output.audio.data
-        except grpc.RpcError as error:
-            raise from_rpc_error(error, self.target) from None
-        return request_id, audio
+        """(request id, the whole audio file) of a request that ended done; fields: language, seed, max_frames, …"""
+        speech = _Speech(speak_request(text, model, voice, response_format, idempotency_key=uuid.uuid4().hex, **fields))
+        audio = b"".join(self._pieces(speech))
+        return speech.request_id, audio
+
+    def stream_speak(self, text: str, *, model: str, voice=None, response_format="pcm", **fields) -> SpeechPieces:
+        """The audio in pieces as they are made (iterate it; its `request_id` is known from the first piece on); a
+        stream cut midway goes on after the last piece received."""
+        request = speak_request(text, model, voice, response_format, idempotency_key=uuid.uuid4().hex, **fields)
+        speech = _Speech(request)
+        return SpeechPieces(speech, self._pieces(speech))
+
+    def _pieces(self, speech: _Speech) -> Iterator[bytes]:
+        for attempt in itertools.count():
+            error = None
+            try:
+                for output in speech.next_call(self._stub, self._metadata):
+                    if piece := speech.take(output):
+                        yield piece
+            except grpc.RpcError as rpc_error:
+                error = rpc_error
+            if speech.is_done:
+                return
+            if not speech.may_retry(attempt, self.max_retries, error):
+                raise _ended(error, self.target, speech)
+            time.sleep(retries.delay_s(attempt, error))
 
     def _unary(self, method: str, request):
         try:
@@ -84,10 +178,13 @@ class GrpcClient:
 class AsyncGrpcClient:
     """The same verbs as `GrpcClient`, awaitable."""
 
-    def __init__(self, target: str | None = None, api_key: str | None = None) -> None:
+    def __init__(
+        self, target: str | None = None, api_key: str | None = None, max_retries: int = retries.DEFAULT_MAX_RETRIES
+    ) -> None:
         self.target, self._metadata = _settings(target, api_key)
         self._channel = grpc.aio.insecure_channel(self.target)
         self._stub = gateway_pb2_grpc.ChorusStub(self._channel)
+        self.max_retries = max_retries
 
     async def __aenter__(self) -> AsyncGrpcClient:
         return self
@@ -96,17 +193,30 @@ class AsyncGrpcClient:
         await self._channel.close()
 
     async def speak(self, text: str, *, model: str, voice=None, response_format="wav", **fields) -> tuple[str, bytes]:
-        request = speak_request(text, model, voice, response_format, **fields)
-        request_id, audio = "", b""
-        try:
-            async for output in self._stub.Speak(request, metadata=self._metadata):
-                if output.WhichOneof("output") == "request_id":
-                    request_id = output.request_id
-                elif output.HasField("audio"):
-                    audio += output.audio.data
-        except grpc.RpcError as error:
-            raise from_rpc_error(error, self.target) from None
-        return request_id, audio
+        speech = _Speech(speak_request(text, model, voice, response_format, idempotency_key=uuid.uuid4().hex, **fields))
+        audio = b"".join([piece async for piece in self._pieces(speech)])
+        return speech.request_id, audio
+
+    def stream_speak(self, text: str, *, model: str, voice=None, response_format="pcm", **fields) -> SpeechPieces:
+        """As `GrpcClient.stream_speak`, with `async for`."""
+        request = speak_request(text, model, voice, response_format, idempotency_key=uuid.uuid4().hex, **fields)
+        speech = _Speech(request)
+        return SpeechPieces(speech, self._pieces(speech))
+
+    async def _pieces(self, speech: _Speech) -> AsyncIterator[bytes]:
+        for attempt in itertools.count():
+            error = None
+            try:
+                async for output in speech.next_call(self._stub, self._metadata):
+                    if piece := speech.take(output):
+                        yield piece
+            except grpc.RpcError as rpc_error:
+                error = rpc_error
+            if speech.is_done:
+                return
+            if not speech.may_retry(attempt, self.max_retries, error):
+                raise _ended(error, self.target, speech)
+            await asyncio.sleep(retries.delay_s(attempt, error))
 
     async def _unary(self, method: str, request):
         try:
@@ -128,3 +238,10 @@ class AsyncGrpcClient:
 
     async def delete_voice(self, voice: str) -> gateway_pb2.Voice:
         return await self._unary("DeleteVoice", gateway_pb2.VoiceRef(voice=voice))
+
+
+def _ended(error: grpc.RpcError | None, target: str, speech: _Speech) -> Exception:
+    """What a `speak` whose last attempt ended without a done Final raises."""
+    if error is not None:
+        return from_rpc_error(error, target)
+    return APIError("DATA_LOSS", "the stream ended without its Final", request_id=speech.request_id or None)

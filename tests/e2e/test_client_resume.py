@@ -1,7 +1,8 @@
-"""Chorus's own REST client keeps a speech stream going when the gateway process serving it dies (SIGKILL): it
-goes on from the bytes it has, through the same address once a process answers there again (here the killed one,
-restarted a second later; behind one address of several workers, any of them), while another gateway process
-takes the run over. The audio equals an undisturbed run's (CPU fp32, one stream: within 1 LSB)."""
+"""Chorus's own clients keep a speech stream going when the gateway process serving it dies (SIGKILL): the REST
+client goes on from the bytes it has, the gRPC client after the last chunk it got (`Resume`), through the same
+address once a process answers there again (here the killed one, restarted a second later; behind one address of
+several workers, any of them), while another gateway process takes the run over. The audio equals an undisturbed
+run's (CPU fp32, one stream: within 1 LSB)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from cluster import Cluster
 
-from chorus.client import AsyncClient, Client
+from chorus.client import AsyncClient, AsyncGrpcClient, Client, GrpcClient
 
 TEXT = "Keep talking while the gateway process dies."
 SAY = {"voice": "ryan", "seed": 5, "max_frames": 96, "response_format": "pcm"}
@@ -59,4 +60,35 @@ async def test_the_rest_clients_resume_a_stream_whose_gateway_process_died(clust
         received = await anext(pieces)
         await asyncio.to_thread(cluster.kill, gateway)
         received += b"".join([piece async for piece in pieces])
+    assert len(pcm(received)) == len(whole) and np.abs(pcm(received) - whole).max() <= 1
+
+
+@pytest.mark.timeout(240)
+async def test_the_grpc_clients_resume_a_stream_whose_gateway_process_died(cluster):
+    gateway = cluster.of("gateway")[0]
+    target, model = f"127.0.0.1:{gateway.port}", "tiny"
+
+    def undisturbed() -> bytes:
+        with GrpcClient(target) as client:
+            return client.speak(TEXT, model=model, **SAY)[1]
+
+    def cut() -> tuple[bytes, int]:
+        with GrpcClient(target, max_retries=8) as client:
+            pieces = iter(client.stream_speak(TEXT, model=model, **SAY))
+            received = next(pieces)
+            cluster.kill(gateway)  # the process serving this stream
+            return received + b"".join(pieces), len(received)
+
+    whole = pcm(await asyncio.to_thread(undisturbed))
+    resumed, before_kill = await asyncio.to_thread(cut)
+    assert 0 < before_kill < 2 * len(whole)  # cut midway, not after the end
+    assert len(pcm(resumed)) == len(whole) and np.abs(pcm(resumed) - whole).max() <= 1
+
+    async with AsyncGrpcClient(target, max_retries=8) as client:
+        stream = client.stream_speak(TEXT, model=model, **SAY)
+        pieces = aiter(stream)
+        received = await anext(pieces)
+        await asyncio.to_thread(cluster.kill, gateway)
+        received += b"".join([piece async for piece in pieces])
+        assert stream.request_id
     assert len(pcm(received)) == len(whole) and np.abs(pcm(received) - whole).max() <= 1

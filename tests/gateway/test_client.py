@@ -88,6 +88,30 @@ async def test_grpc_clients_speak_and_list(stack):
     assert await in_thread(blocking) == pcm and len(pcm) > 0
 
 
+async def test_grpc_clients_stream_and_raise_for_a_request_that_failed_after_it_began(stack):
+    """A request that ends failed after its stream began (its id sent, the talker refusing it) ends the call with
+    that error, never with what it made as if it were the whole."""
+    url, target = stack
+    model = (await AsyncClient(url).models())[0]["id"]
+    async with AsyncGrpcClient(target) as client:
+        streamed = client.stream_speak("Hello there.", model=model, **SAY)
+        pieces = [piece async for piece in streamed]
+        _, whole = await client.speak("Hello there.", model=model, response_format="pcm", **SAY)
+        assert len(pieces) > 1 and b"".join(pieces) == whole and streamed.request_id
+        with pytest.raises(APIError) as failed:
+            await client.speak("Hello there.", model=model, voice="ryan", max_frames=100_000)
+    assert failed.value.status == "INVALID_ARGUMENT" and "max_frames" in failed.value.message, failed.value
+    assert failed.value.request_id
+
+    def blocking() -> bytes:
+        with GrpcClient(target) as client:
+            with pytest.raises(APIError, match="max_frames"):
+                client.speak("Hello there.", model=model, voice="ryan", max_frames=100_000)
+            return b"".join(client.stream_speak("Hello there.", model=model, **SAY))
+
+    assert await in_thread(blocking) == whole
+
+
 async def test_errors_carry_the_envelope_and_unreachable_is_clear(stack):
     url, target = stack
     async with AsyncClient(url) as client:
