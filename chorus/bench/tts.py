@@ -38,8 +38,8 @@ from chorus.bench.metrics import RequestTiming, steady_quarters, summarize
 from chorus.bench.prompts import SPEECH
 from chorus.bench.report import checked
 from chorus.bench.ttfp import level_latency_stages, level_ttfp_stages, level_underrun_stages
-from chorus.client.grpc_client import FORMATS
-from chorus.v1 import gateway_pb2, gateway_pb2_grpc
+from chorus.client.grpc_client import DONE_REASONS, FORMATS
+from chorus.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 SAMPLE_RATE_HZ = 24_000
 BYTES_PER_SECOND = 2 * SAMPLE_RATE_HZ  # pcm: 16-bit mono
@@ -143,6 +143,9 @@ async def grpc_request(stub: gateway_pb2_grpc.ChorusStub, body: dict, metadata) 
                 response.arrived(output.audio.data)
             elif output.HasField("request_id"):
                 response.timing.request_id = output.request_id
+            elif output.final.reason not in DONE_REASONS:  # failed after it began: an error, not a short answer
+                reason = common_pb2.FinishReason.Name(output.final.reason).removeprefix("FINISH_REASON_")
+                return response.finish(output.final.error.code or reason, output.final.error.message)
     except grpc.aio.AioRpcError as exc:
         return response.finish(exc.code().name, exc.details())
     return response.finish()

@@ -43,7 +43,7 @@ def speak_request(text: str, model: str, voice: str | None, response_format: str
 
 # Codes a call is tried again on: the gateway refused it for now, or could not be reached (or its stream broke).
 RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
-_DONE_REASONS = (common_pb2.FINISH_REASON_EOS, common_pb2.FINISH_REASON_MAX_LENGTH, common_pb2.FINISH_REASON_COMPLETE)
+DONE_REASONS = (common_pb2.FINISH_REASON_EOS, common_pb2.FINISH_REASON_MAX_LENGTH, common_pb2.FINISH_REASON_COMPLETE)
 
 
 class _Speech:
@@ -76,7 +76,7 @@ class _Speech:
             return output.audio.data
         elif kind == "final":
             final = output.final
-            if final.reason not in _DONE_REASONS:
+            if final.reason not in DONE_REASONS:
                 reason = common_pb2.FinishReason.Name(final.reason).removeprefix("FINISH_REASON_")
                 message = final.error.message or f"the request ended {reason.lower()}"
                 raise APIError(final.error.code or reason, message, request_id=self.request_id or None)

@@ -151,6 +151,23 @@ async def test_bench_tts_keeps_what_the_stack_said_of_failed_requests(start_gate
     assert all(example["request_id"] is None for example in rest["error_examples"]["HTTP 404"])
 
 
+async def test_bench_tts_counts_a_request_that_failed_after_it_began_as_an_error(start_gateway, redis_url, tmp_path):
+    """More frames than the talker makes: the gateway takes the request, the talker refuses it. REST answers its
+    error status; over gRPC it is the stream's Final, which the bench reads as the error it is, not as a complete
+    answer without audio."""
+    async with speech_stack(start_gateway, redis_url, str(tmp_path)) as (_, http, target, _, _):
+        args = _args([
+            "bench", "tts", "--url", str(http.base_url), "--grpc-target", target, "--concurrency", "1",
+            "--requests-per-level", "2", "--fixed-frames", "1000", "--prompts", "short",
+        ])  # fmt: skip
+        levels = await tts.run(args, _Quiet())
+    rest, grpc_level = levels
+    assert rest["errors"] == {"HTTP 400": 2} and grpc_level["errors"] == {"INVALID_ARGUMENT": 2}, levels
+    assert rest["completed"] == grpc_level["completed"] == 0
+    (examples,) = grpc_level["error_examples"].values()
+    assert all("max_frames" in example["message"] and example["request_id"] for example in examples), examples
+
+
 @pytest.mark.parametrize("response_format", ["mp3", "opus"])
 async def test_bench_tts_times_encoded_formats_by_their_duration(start_gateway, redis_url, tmp_path, response_format):
     async with speech_stack(start_gateway, redis_url, str(tmp_path)) as (_, http, target, _, _):
