@@ -83,10 +83,18 @@ class _Speech:
             self.is_done = True
         return b""
 
-    def may_retry(self, attempt: int, max_retries: int, error: grpc.RpcError | None) -> bool:
-        """Whether attempt `attempt` (0: the first), which ended in `error` (None: its stream ended without a
-        Final), is tried again."""
-        return attempt < max_retries and (error is None or error.code() in RETRY_CODES)
+    def wait_before_next_s(
+        self, attempt: int, max_retries: int, error: grpc.RpcError | None, target: str
+    ) -> float | None:
+        """After attempt `attempt` (0: the first), which ended in `error` (None: without one): None when its Final
+        said done, else the seconds to wait before the next; raises when it is not tried again."""
+        if self.is_done:
+            return None
+        if attempt >= max_retries or (error is not None and error.code() not in RETRY_CODES):
+            if error is not None:
+                raise from_rpc_error(error, target)
+            raise APIError("DATA_LOSS", "the stream ended without its Final", request_id=self.request_id or None)
+        return retries.delay_s(attempt, error)
 
 
 class SpeechPieces:
@@ -144,11 +152,9 @@ class GrpcClient:
                         yield piece
             except grpc.RpcError as rpc_error:
                 error = rpc_error
-            if speech.is_done:
+            if (wait_s := speech.wait_before_next_s(attempt, self.max_retries, error, self.target)) is None:
                 return
-            if not speech.may_retry(attempt, self.max_retries, error):
-                raise _ended(error, self.target, speech)
-            time.sleep(retries.delay_s(attempt, error))
+            time.sleep(wait_s)
 
     def _unary(self, method: str, request):
         try:
@@ -212,11 +218,9 @@ class AsyncGrpcClient:
                         yield piece
             except grpc.RpcError as rpc_error:
                 error = rpc_error
-            if speech.is_done:
+            if (wait_s := speech.wait_before_next_s(attempt, self.max_retries, error, self.target)) is None:
                 return
-            if not speech.may_retry(attempt, self.max_retries, error):
-                raise _ended(error, self.target, speech)
-            await asyncio.sleep(retries.delay_s(attempt, error))
+            await asyncio.sleep(wait_s)
 
     async def _unary(self, method: str, request):
         try:
@@ -238,10 +242,3 @@ class AsyncGrpcClient:
 
     async def delete_voice(self, voice: str) -> gateway_pb2.Voice:
         return await self._unary("DeleteVoice", gateway_pb2.VoiceRef(voice=voice))
-
-
-def _ended(error: grpc.RpcError | None, target: str, speech: _Speech) -> Exception:
-    """What a `speak` whose last attempt ended without a done Final raises."""
-    if error is not None:
-        return from_rpc_error(error, target)
-    return APIError("DATA_LOSS", "the stream ended without its Final", request_id=speech.request_id or None)
