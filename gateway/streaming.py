@@ -8,6 +8,7 @@ reconnects with `Last-Event-ID` and resumes after the last chunk it got.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from collections.abc import AsyncIterator
 
@@ -38,9 +39,20 @@ def sse_event(data: dict, event_id: int | None = None, event: str | None = None)
     return ("\n".join(lines) + "\n\n").encode()
 
 
+async def _ended(entries: AsyncIterator[JournalEntry]) -> AsyncIterator[JournalEntry]:
+    """`entries`, which must end with the end marker: a stream that stopped without one raises StreamEnded rather
+    than end as if its audio were whole (journal readers always end with one; this keeps it so)."""
+    async with contextlib.aclosing(entries):
+        async for entry in entries:
+            yield entry
+            if entry.final is not None:
+                return
+    raise StreamEnded("the request's output ended without its end marker")
+
+
 async def as_bytes(entries: AsyncIterator[JournalEntry]) -> AsyncIterator[bytes]:
     """The audio bytes; raises StreamEnded (so the HTTP server drops the connection) on failure."""
-    async for entry in entries:
+    async for entry in _ended(entries):
         if entry.final is None:
             yield entry.data
         elif entry.final["status"] != DONE:
@@ -48,7 +60,7 @@ async def as_bytes(entries: AsyncIterator[JournalEntry]) -> AsyncIterator[bytes]
 
 
 async def as_sse(entries: AsyncIterator[JournalEntry]) -> AsyncIterator[bytes]:
-    async for entry in entries:
+    async for entry in _ended(entries):
         if entry.final is None:
             delta = {"type": "speech.audio.delta", "audio": base64.b64encode(entry.data).decode()}
             yield sse_event(delta, event_id=entry.sequence)
@@ -90,7 +102,7 @@ async def as_speak_outputs(
 ) -> AsyncIterator[gateway_pb2.SpeakOutput]:
     """The public API's stream: the request id, the audio, then one Final."""
     yield gateway_pb2.SpeakOutput(request_id=request_id)
-    async for entry in entries:
+    async for entry in _ended(entries):
         if entry.final is None:
             yield gateway_pb2.SpeakOutput(audio=gateway_pb2.AudioData(data=entry.data, sequence=entry.sequence))
             continue
