@@ -5,7 +5,8 @@ rate limit) or 503 (a backend or Redis down, a gateway process shutting down), e
 not be reached. A call whose connection broke after it was sent is tried again only if that is safe: a GET, or a
 POST that carries an Idempotency-Key (the client gives every speech and generation call one), whose retry gets the
 request the first attempt started rather than a second one. A request that failed on the server's side runs
-again on such a retry (README, Failure behaviour).
+again on such a retry (README, Failure behaviour). The gRPC clients wait between their attempts as `delay_s` says
+(their own rule for which calls go again is in `grpc_client`).
 """
 
 from __future__ import annotations
