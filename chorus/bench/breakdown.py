@@ -3,11 +3,12 @@ decodes, how busy each kept its process, and the host CPU of the speech process(
 
 The figures are deltas between two snapshots, one just before the level and one just after it: the speech
 services' Prometheus counters (talker steps, step and prefill seconds, the prefills' engine-thread CPU seconds,
-frames, rows computed, prefills, the queue and first-frame time histograms; the vocoder's decode seconds and
-batch-size histograms, idle rows, audio seconds, and its streams' time after their end of input: to their first
-decode since (`vocoder_end_wait_ms_mean`) and to their last audio (`vocoder_end_tail_ms_mean`)) and each process's
-CPU time from /proc. So the bench must run on the stack's machine; otherwise (a remote gateway or backend) the
-level says why it has none.
+frames, rows computed, prefills, the queue and first-frame time histograms and the engine steps from a prefill to
+its first frame (`talker_steps_to_first_frame_mean`, 2 at best: a slow first frame waited for more steps, or for
+longer ones); the vocoder's decode seconds and batch-size histograms, idle rows, audio seconds, and its streams' time
+after their end of input: to their first decode since (`vocoder_end_wait_ms_mean`) and to their last audio
+(`vocoder_end_tail_ms_mean`)) and each process's CPU time from /proc. So the bench must run on the stack's
+machine; otherwise (a remote gateway or backend) the level says why it has none.
 
 `talker_plus_vocoder_busy_fraction` is the sum of the talker's busy fractions (steps and prefills) and the
 vocoder's. When the two share a GPU it bounds their overlap, it does not measure it: near 1 they may simply
@@ -103,6 +104,10 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
         "talker_prefill_busy_fraction": busy[1],
         "talker_queue_ms_mean": _mean_ms(delta, "chorus_talker_queue_seconds"),
         "talker_first_frame_ms_mean": _mean_ms(delta, "chorus_talker_time_to_first_frame_seconds"),
+        "talker_steps_to_first_frame_mean": _ratio(
+            delta.get("chorus_talker_steps_to_first_frame_sum", 0.0),
+            delta.get("chorus_talker_steps_to_first_frame_count", 0.0),
+        ),
         "vocoder_batches": round(batches),
         "vocoder_decode_ms_per_batch": _ratio(decode_s * 1e3, batches),
         "vocoder_mean_batch_size": _ratio(chunks, batches),

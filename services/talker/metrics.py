@@ -16,6 +16,12 @@ FIRST_FRAME_SECONDS = Histogram(
     "chorus_talker_time_to_first_frame_seconds", "Request admitted → its first frame handed out.",
     buckets=_LATENCY_BUCKETS,
 )  # fmt: skip
+# Whether a slow first frame waited for more engine steps than the pipeline needs (2: the prefill's step, then the
+# one that collects its first decode step) or for longer ones.
+STEPS_TO_FIRST_FRAME = Histogram(
+    "chorus_talker_steps_to_first_frame", "Engine steps from a request's prefill to its first frame (2 at best).",
+    buckets=(2, 3, 4, 6, 8, 12, 16, 24, 32),
+)  # fmt: skip
 
 
 class TalkerCollector(Collector):

@@ -159,6 +159,8 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
                 if sequence == 0:
                     metrics.QUEUE_SECONDS.observe(stream.scheduled_at - stream.admitted_at)
                     metrics.FIRST_FRAME_SECONDS.observe(stream.first_frame_at - stream.admitted_at)
+                    if stream.steps_to_first_frame is not None:
+                        metrics.STEPS_TO_FIRST_FRAME.observe(stream.steps_to_first_frame)
                 yield talker_pb2.SynthesizeOutput(chunk=codes_to_chunk(frames, sequence, frame_offset))
                 sequence += 1
                 frame_offset += len(frames)

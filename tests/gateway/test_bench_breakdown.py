@@ -68,6 +68,8 @@ def _more(rows_computed, first_frames, queue_s, first_frame_s, idle_rows, ends=0
         "chorus_talker_queue_seconds_sum": queue_s,
         "chorus_talker_time_to_first_frame_seconds_count": first_frames,
         "chorus_talker_time_to_first_frame_seconds_sum": first_frame_s,
+        "chorus_talker_steps_to_first_frame_count": first_frames,
+        "chorus_talker_steps_to_first_frame_sum": 3 * first_frames,  # 3 engine steps from prefill to first frame
         "chorus_vocoder_idle_rows_total": idle_rows,
         "chorus_vocoder_end_wait_seconds_count": ends,
         "chorus_vocoder_end_wait_seconds_sum": wait_s,
@@ -81,8 +83,8 @@ def test_the_breakdown_of_a_level_is_the_deltas_between_its_snapshots():
     # 8 ms carrying 4 chunks each (1000 chunks, 2 frames of 80 ms: 160 s of audio); 9 CPU s in the speech
     # process, 3 in the gateway's two workers.
     # The steps computed 20 rows each; the 40 requests waited 50 ms for their prefill and 100 ms for their first
-    # frame; the vocoder's forwards computed 250 idle rows; the 40 streams' last pieces waited 20 ms after their
-    # end of input, and their last audio came 30 ms after it.
+    # frame, 3 engine steps after their prefill's; the vocoder's forwards computed 250 idle rows; the 40 streams'
+    # last pieces waited 20 ms after their end of input, and their last audio came 30 ms after it.
     before = _snapshot(100.0, 500, 2.0, 4000, 10, 0.5, 100, 1.0, 300, 50.0, 20.0, 5.0, **_more(0, 0, 0, 0, 0))
     more = _more(20000, 40, 2.0, 4.0, 250, ends=40, wait_s=0.8, tail_s=1.2)
     after = _snapshot(110.0, 1500, 8.0, 20000, 50, 1.5, 350, 3.0, 1300, 210.0, 29.0, 8.0, **more)
@@ -104,6 +106,7 @@ def test_the_breakdown_of_a_level_is_the_deltas_between_its_snapshots():
         "talker_prefill_busy_fraction": 0.1,
         "talker_queue_ms_mean": 50.0,
         "talker_first_frame_ms_mean": 100.0,
+        "talker_steps_to_first_frame_mean": 3.0,
         "vocoder_batches": 250,
         "vocoder_decode_ms_per_batch": 8.0,
         "vocoder_mean_batch_size": 4.0,

@@ -358,3 +358,15 @@ def test_a_step_launches_its_decode_before_the_prefills_host_work_and_the_newcom
     engine.run_until_idle()
     np.testing.assert_array_equal(late.collect(), alone)
     assert len(early.collect()) == 12
+
+
+def test_a_first_frame_comes_two_steps_after_its_prefill_and_a_queued_one_counts_from_its_own(tiny_loaded):
+    """The prefill's step, then the step that collects its first decode step: `steps_to_first_frame` is 2 for a
+    request that finds a slot, counted from its own prefill for one that waited for a slot (the bench's breakdown
+    tells a slow first frame that waited for more steps than this from one whose steps were longer)."""
+    engine = _engine(tiny_loaded, max_streams=1)
+    first = engine.submit("first", _voice(engine), SAMPLED, max_frames=5, ignore_eos=True)
+    queued = engine.submit("queued", _voice(engine), SAMPLED, max_frames=5, ignore_eos=True)
+    engine.run_until_idle()
+    assert (first.steps_to_first_frame, queued.steps_to_first_frame) == (2, 2)
+    assert queued.scheduled_step > first.scheduled_step + 5  # it waited for the slot: five frames' steps

@@ -129,6 +129,8 @@ class TalkerEngine:
         self._in_flight: tuple[DecodeLaunch, list[TalkerRequest]] | None = None
         self._admitted = 0
         self._arrivals = itertools.count()
+        # step() calls: a stream's `steps_to_first_frame` counts them from its prefill's to its first frame's
+        self._num_step_calls = 0
         self._admit_lock = threading.Lock()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -357,6 +359,7 @@ class TalkerEngine:
         so that work overlaps this step and the one before it, not only the one before: at 256 streams a step's 16
         prefills took ~27 ms of host time under load against ~11 ms a step. The requests prefilled here decode from
         the next step on, as they would after a prefill run first (`plan.decode` never holds them)."""
+        self._num_step_calls += 1
         self._apply_commands()
         plan = self.scheduler.plan(self._has_room)
         self._reserve_decode_blocks(plan.decode)
@@ -446,7 +449,8 @@ class TalkerEngine:
         batched forward, but for prompts longer than the largest padded bucket. Returns how many ran."""
         ready = []
         for request in requests:
-            self._requests[request.request_id][1].scheduled_at = time.perf_counter()
+            stream = self._requests[request.request_id][1]
+            stream.scheduled_at, stream.scheduled_step = time.perf_counter(), self._num_step_calls
             try:
                 voice = request.voice
                 if voice.mode == "voice_clone" and voice.speaker_vector is None:
@@ -568,6 +572,8 @@ class TalkerEngine:
         live = [(index, request) for index, request in enumerate(requests) if request.status is not Status.FINISHED]
         for index, request in live:
             _, stream = self._requests[request.request_id]
+            if stream.first_frame_at is None:
+                stream.steps_to_first_frame = self._num_step_calls - stream.scheduled_step
             stream.push(frames[index])
             request.frame_log += frames[index].tobytes()
             request.num_frames += 1

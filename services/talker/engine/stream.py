@@ -31,6 +31,8 @@ class FrameStream:
         self.num_text_tokens = 0
         self.admitted_at = time.perf_counter()
         self.scheduled_at: float | None = None
+        self.scheduled_step: int | None = None  # the engine step that prefilled it
+        self.steps_to_first_frame: int | None = None  # engine steps from that one to its first frame's (2 at best)
         self.first_frame_at: float | None = None
         self.finished_at: float | None = None
         self._on_consumed = on_consumed
