@@ -52,6 +52,7 @@ class _Speech:
 
     def __init__(self, request: gateway_pb2.SpeakRequest) -> None:
         self.request = request
+        self.request.idempotency_key = uuid.uuid4().hex  # a retry before the id arrived gets the same request
         self.request_id = ""
         self.last_sequence: int | None = None
         self.is_done = False
@@ -132,15 +133,14 @@ class GrpcClient:
 
     def speak(self, text: str, *, model: str, voice=None, response_format="wav", **fields) -> tuple[str, bytes]:
         """(request id, the whole audio file) of a request that ended done; fields: language, seed, max_frames, …"""
-        speech = _Speech(speak_request(text, model, voice, response_format, idempotency_key=uuid.uuid4().hex, **fields))
-        audio = b"".join(self._pieces(speech))
-        return speech.request_id, audio
+        stream = self.stream_speak(text, model=model, voice=voice, response_format=response_format, **fields)
+        audio = b"".join(stream)
+        return stream.request_id, audio
 
     def stream_speak(self, text: str, *, model: str, voice=None, response_format="pcm", **fields) -> SpeechPieces:
         """The audio in pieces as they are made (iterate it; its `request_id` is known from the first piece on); a
         stream cut midway goes on after the last piece received."""
-        request = speak_request(text, model, voice, response_format, idempotency_key=uuid.uuid4().hex, **fields)
-        speech = _Speech(request)
+        speech = _Speech(speak_request(text, model, voice, response_format, **fields))
         return SpeechPieces(speech, self._pieces(speech))
 
     def _pieces(self, speech: _Speech) -> Iterator[bytes]:
@@ -199,14 +199,13 @@ class AsyncGrpcClient:
         await self._channel.close()
 
     async def speak(self, text: str, *, model: str, voice=None, response_format="wav", **fields) -> tuple[str, bytes]:
-        speech = _Speech(speak_request(text, model, voice, response_format, idempotency_key=uuid.uuid4().hex, **fields))
-        audio = b"".join([piece async for piece in self._pieces(speech)])
-        return speech.request_id, audio
+        stream = self.stream_speak(text, model=model, voice=voice, response_format=response_format, **fields)
+        audio = b"".join([piece async for piece in stream])
+        return stream.request_id, audio
 
     def stream_speak(self, text: str, *, model: str, voice=None, response_format="pcm", **fields) -> SpeechPieces:
         """As `GrpcClient.stream_speak`, with `async for`."""
-        request = speak_request(text, model, voice, response_format, idempotency_key=uuid.uuid4().hex, **fields)
-        speech = _Speech(request)
+        speech = _Speech(speak_request(text, model, voice, response_format, **fields))
         return SpeechPieces(speech, self._pieces(speech))
 
     async def _pieces(self, speech: _Speech) -> AsyncIterator[bytes]:
