@@ -571,6 +571,25 @@ def test_a_sweep_takes_as_many_pieces_as_fill_whole_batch_sizes(urgent, ahead, c
     assert batch_counts(urgent, ahead, settings) == counts
 
 
+@pytest.mark.parametrize(
+    ("urgent", "ahead", "counts"),
+    [
+        (3, 10, [4]),  # the urgent ones' batch padded up to 4 rows: one ahead fills it
+        (5, 1, [6]),  # too few ahead to fill the padding: what there is
+        (4, 10, [4]),  # no padding: the ahead ones wait for a sweep
+        (70, 5, [64, 8]),  # the last batch's padding
+        (0, 70, []),
+    ],
+)
+def test_outside_a_sweep_pieces_ahead_only_fill_the_urgent_ones_padding(urgent, ahead, counts):
+    settings = EngineSettings(max_batch_size=64, batch_sizes=(1, 2, 4, 8, 16, 32, 64))
+    assert batch_counts(urgent, ahead, settings, is_sweep=False) == counts
+
+
+def test_where_any_batch_size_goes_no_piece_ahead_joins_outside_a_sweep():
+    assert batch_counts(3, 70, EngineSettings(max_batch_size=64), is_sweep=False) == [3]
+
+
 def test_where_any_batch_size_goes_a_sweep_takes_every_piece():
     assert batch_counts(3, 70, EngineSettings(max_batch_size=64)) == [64, 9]
 
@@ -595,6 +614,41 @@ async def test_a_sweep_leaves_the_streams_beyond_a_whole_batch_size_to_the_next(
             assert (await anext(stream)).num_frames == 4
         assert [(report.batch_size, report.num_rows) for report in reports] == [(2, 2), (1, 1)]
         for stream in streams:
+            stream.close()
+    finally:
+        await engine.stop()
+
+
+async def test_a_stream_ahead_of_its_listener_fills_a_newcomers_padded_batch_instead_of_waiting_for_a_sweep(
+    tiny_codec,
+):
+    """Batch sizes 1, 2 and 4, sweeps 5 s apart: three newcomers' first pieces need a batch of four rows, and a
+    stream seconds ahead of its listener, with a piece of the same length queued, takes the fourth row at once
+    rather than leaving it idle and waiting for the sweep. Every stream's audio stays exact."""
+    codes = random_codes(54, seed=11, batch_size=4)
+    reports: list[BatchReport] = []
+    settings = EngineSettings(batch_window_s=0.005, sweep_interval_s=5.0, batch_sizes=(1, 2, 4))
+    engine = DecodeEngine(CodecRunner(tiny_codec.decoder, max_streams=4), settings, on_batch=reports.append)
+    await engine.start()
+    loop = asyncio.get_running_loop()
+    try:
+        ahead = engine.open_stream("ahead")
+        await _get_ahead(ahead, codes[0])
+        newcomers = [engine.open_stream(f"newcomer{index}") for index in range(3)]
+        reports.clear()
+        started = loop.time()
+        await ahead.send(codes[0, 50:52].numpy())
+        for newcomer, newcomer_codes in zip(newcomers, codes[1:], strict=True):
+            await newcomer.send(newcomer_codes[:2].numpy())
+        pieces = [await anext(stream) for stream in (ahead, *newcomers)]
+        assert loop.time() - started < 2.0, "the stream ahead waited for the sweep"
+        assert [(report.batch_size, report.num_rows) for report in reports] == [(4, 4)]
+        decoder = tiny_codec.decoder
+        ahead_audio = _one_shot(decoder, codes[:1, :52])[50 * decoder.samples_per_frame :]
+        assert np.abs(pieces[0].waveform - ahead_audio).max() <= 1e-5
+        for piece, newcomer_codes in zip(pieces[1:], codes[1:], strict=True):
+            assert np.abs(piece.waveform - _one_shot(decoder, newcomer_codes[None, :2])).max() <= 1e-5
+        for stream in (ahead, *newcomers):
             stream.close()
     finally:
         await engine.stop()

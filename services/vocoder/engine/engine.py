@@ -97,12 +97,20 @@ class _Piece(NamedTuple):
     num_frames: int  # the stream's frames in it
 
 
-def batch_counts(num_urgent: int, num_ahead: int, settings: EngineSettings) -> list[int]:
+def batch_counts(num_urgent: int, num_ahead: int, settings: EngineSettings, is_sweep: bool = True) -> list[int]:
     """How many pieces of one length each batch takes, the urgent ones first: every urgent piece, and of those
-    ahead of their listeners (in a sweep) as many as fill batches of `settings.batch_sizes` (when the urgent ones
-    alone need a batch padded up, as many as fill its padding); with no `batch_sizes`, every piece. Batches hold at
-    most `max_batch_size`."""
+    ahead of their listeners, in a sweep as many as fill batches of `settings.batch_sizes` (when the urgent ones
+    alone need a batch padded up, as many as fill its padding), outside a sweep only as many as fill the urgent ones'
+    padding (an idle row costs the GPU what a stream's row does); with no `batch_sizes`, every piece in a sweep,
+    every urgent one outside. Batches hold at most `max_batch_size`."""
     sizes, largest = sorted(settings.batch_sizes), settings.max_batch_size
+    if not is_sweep:
+        counts = []
+        for count in batch_counts(num_urgent, 0, settings):
+            fill = min(num_ahead, next((size for size in sizes if size >= count), count) - count)
+            counts.append(count + fill)
+            num_ahead -= fill
+        return counts
     counts, total = [], num_urgent + num_ahead
     while total > 0:
         if total >= largest or not sizes:
@@ -289,16 +297,13 @@ class DecodeEngine:
             if not record.can_schedule():
                 continue
             is_urgent = self._is_urgent(record, now_s)
-            if not (is_urgent or is_sweep):
-                self._sweep_later(now_s)
-                continue
             num_frames, decoded = self._next_piece(record)
             (urgent if is_urgent else ahead)[decoded].append((record, num_frames, decoded))
         planned = []
         for length in sorted(urgent.keys() | ahead.keys()):  # the shortest first: newcomers' first chunks
             # The least ahead first: those left wait for the next sweep.
             candidates = urgent[length] + sorted(ahead[length], key=lambda plan: plan[0].lead_s(now_s, self._frame_s))
-            batches = self._batches_of(candidates, len(urgent[length]))
+            batches = self._batches_of(candidates, len(urgent[length]), is_sweep)
             planned += batches
             if sum(map(len, batches)) < len(candidates):
                 self._sweep_later(now_s)
@@ -330,15 +335,17 @@ class DecodeEngine:
                 num_frames, num_decoded = self._next_piece(record)
                 endings[num_decoded].append((record, num_frames, num_decoded))
         batches = [
-            batch for length in sorted(endings) for batch in self._batches_of(endings[length], len(endings[length]))
+            batch
+            for length in sorted(endings)
+            for batch in self._batches_of(endings[length], len(endings[length]), is_sweep=False)
         ]
         return self._take_batches(batches)
 
-    def _batches_of(self, candidates: list, num_urgent: int) -> list[list]:
+    def _batches_of(self, candidates: list, num_urgent: int, is_sweep: bool) -> list[list]:
         """`candidates` (pieces of one length, the first `num_urgent` urgent) cut into the batches `batch_counts`
         takes."""
         batches, taken = [], 0
-        for count in batch_counts(num_urgent, len(candidates) - num_urgent, self.settings):
+        for count in batch_counts(num_urgent, len(candidates) - num_urgent, self.settings, is_sweep):
             batches.append(candidates[taken : taken + count])
             taken += count
         return batches

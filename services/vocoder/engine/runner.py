@@ -4,12 +4,16 @@ from CUDA graphs per (batch bucket, chunk length) where captured, eager otherwis
 from __future__ import annotations
 
 import bisect
+import logging
+import time
 
 import torch
 
 from chorus.runtime.streams import capture_graph
 from chorus.vocoder.models.codec_convs import channels_last_conv_weights_
 from chorus.vocoder.models.codec_decoder import CodecDecoder
+
+_log = logging.getLogger(__name__)
 
 
 class CodecRunner:
@@ -35,11 +39,19 @@ class CodecRunner:
         self._graph_batch_sizes = sorted(graph_batch_sizes)
         self._graphs: dict[tuple[int, int], _CapturedDecode] = {}
         if self.device.type == "cuda" and graph_batch_sizes and graph_chunk_frames:
+            started = time.perf_counter()
             memory_pool = torch.cuda.graph_pool_handle()  # one pool for all graphs; outputs are copied out at once
             for num_frames in sorted(graph_chunk_frames, reverse=True):
                 for batch_size in sorted(graph_batch_sizes, reverse=True):
                     key = (batch_size, num_frames)
                     self._graphs[key] = _CapturedDecode(self, batch_size, num_frames, memory_pool)
+            _log.info(
+                "vocoder: %d decode graphs (batch sizes %s × chunk frames %s) in %.1f s",
+                len(self._graphs),
+                ",".join(map(str, self._graph_batch_sizes)),
+                ",".join(map(str, sorted(graph_chunk_frames))),
+                time.perf_counter() - started,
+            )
 
     def close(self) -> None:
         """Releases the graphs and their memory pool."""
