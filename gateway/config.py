@@ -17,6 +17,13 @@ class GatewayConfig(ServiceConfig):
 
     rest_host: str = option("127.0.0.1", "Address the REST API binds to (0.0.0.0 in containers).")
     rest_port: int = option(8000, "REST API port; 0 picks a free one.")
+    rest_keep_alive_s: float = option(
+        75.0,
+        "Seconds an idle REST connection stays open. Longer than clients keep idle connections in their pools "
+        "(httpx 5 s, aiohttp 15 s, ingress-nginx's upstream pool 60 s), so the client closes first: a server "
+        "closing at the client's idle limit races the client's next request on that connection, which then fails "
+        "with 'Server disconnected'.",
+    )
     redis_url: str = option(
         "redis://127.0.0.1:6379/0",
         "Redis holding request state (REDIS_URL also works): redis://[[user]:password@]host:port/db, or a Sentinel "
@@ -122,6 +129,8 @@ class GatewayConfig(ServiceConfig):
             raise ValueError(f"max_failovers: must be at least 0, got {self.max_failovers}")
         if self.encoder_threads < 0:
             raise ValueError(f"encoder_threads: must be at least 0, got {self.encoder_threads}")
+        if self.rest_keep_alive_s <= 0:
+            raise ValueError(f"rest_keep_alive_s: must be above 0, got {self.rest_keep_alive_s}")
 
     @property
     def encoder_thread_count(self) -> int:

@@ -52,7 +52,12 @@ class GatewayService(Service):
         self.context.broker.start(lambda entry: continue_run(self.context, entry))
         app = create_app(self.context)
         rest_config = uvicorn.Config(
-            app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=self.config.grace_s
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=self.config.grace_s,
+            timeout_keep_alive=self.config.rest_keep_alive_s,
         )
         self._rest = _EmbeddedUvicorn(rest_config)
         self._rest_task = asyncio.create_task(self._rest.serve(sockets=[self._rest_socket()]), name="rest")
