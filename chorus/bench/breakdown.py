@@ -184,8 +184,11 @@ class StepBreakdown:
     async def _find(self) -> Processes:
         if not is_local(self.rest_url.hostname or ""):
             raise Skipped(f"the gateway ({self.rest_url.hostname}) is not on this machine")
-        async with self.http.get("/ready") as reply:
-            backends = (await reply.json())["backends"]
+        try:
+            async with self.http.get("/ready") as reply:
+                backends = (await reply.json())["backends"]
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise Skipped(f"the gateway's /ready: {type(exc).__name__}: {exc}") from exc
         found = await asyncio.to_thread(listeners)
         pids = {backend: local_pids(backend, list(backends.get(backend, {})), found) for backend in SPEECH_BACKENDS}
         gateway_pids = pids_on(self.rest_url.port or 80, found)

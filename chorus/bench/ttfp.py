@@ -118,10 +118,14 @@ async def _level_stages(
     http: aiohttp.ClientSession, timings: list[RequestTiming], split_of, stages: tuple[str, ...], why_none: str
 ) -> dict:
     """Medians in ms of `split_of(timing, timeline_ms)` over a sample of the requests whose records have the marks
-    it needs, or {"skipped": why_none}."""
+    it needs, or {"skipped": why_none}; {"skipped": why} when the records cannot be read (the level's figures stand
+    without them)."""
     splits = []
     for timing in sampled(timings):
-        timeline_ms = await _timeline_ms(http, timing.request_id)
+        try:
+            timeline_ms = await _timeline_ms(http, timing.request_id)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return {"skipped": f"reading request {timing.request_id}'s record failed: {type(exc).__name__}: {exc}"}
         if timeline_ms is not None and (split := split_of(timing, timeline_ms)) is not None:
             splits.append(split)
     if not splits:

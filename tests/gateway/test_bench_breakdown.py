@@ -14,6 +14,7 @@ from ready_stub import serving_ready
 
 from chorus.bench.breakdown import Processes, Snapshot, StepBreakdown, breakdown, parse_metrics
 from chorus.bench.local_processes import cpu_s, listeners, pids_on
+from chorus.runtime.processes import free_port
 
 PAGE = """\
 # HELP chorus_talker_steps_total Decode steps.
@@ -187,4 +188,13 @@ async def test_a_stack_elsewhere_gets_a_note_instead_of_a_breakdown(rest_url, ta
         steps = StepBreakdown(http, rest_url or url, "127.0.0.1:1")
         await steps.start()
         assert await steps.finish() == {"skipped": why}
+        await steps.close()
+
+
+async def test_a_gateway_that_stopped_answering_gets_a_note_instead_of_a_breakdown():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: as a gateway gone between two levels
+    async with aiohttp.ClientSession(url) as http:
+        steps = StepBreakdown(http, url, "127.0.0.1:1")
+        await steps.start()
+        assert (await steps.finish())["skipped"].startswith("the gateway's /ready: ClientConnectorError")
         await steps.close()

@@ -3,10 +3,21 @@ record."""
 
 from __future__ import annotations
 
+import aiohttp
 import pytest
 
 from chorus.bench.metrics import RequestTiming
-from chorus.bench.ttfp import LATENCY_STAGES, STAGES, latency_stages, sampled, ttfp_stages, underrun_stages
+from chorus.bench.ttfp import (
+    LATENCY_STAGES,
+    STAGES,
+    latency_stages,
+    level_latency_stages,
+    level_ttfp_stages,
+    sampled,
+    ttfp_stages,
+    underrun_stages,
+)
+from chorus.runtime.processes import free_port
 
 
 def test_the_stages_add_up_to_the_clients_ttfp():
@@ -67,3 +78,13 @@ def test_a_piece_a_player_waited_for_is_timed_from_the_first_audio():
     assert underrun_stages(timing, timeline) is None
     steady = RequestTiming(0.0, 0.05, 2.0, [(0.05, 0.08), (0.1, 0.16)], request_id="s")
     assert underrun_stages(steady, timeline) is None
+
+
+async def test_records_that_cannot_be_read_skip_the_stages_and_keep_the_level():
+    """A gateway that stopped answering after a level (here: nothing listens) leaves that level's stages skipped,
+    with why, instead of ending the whole bench and losing the levels measured."""
+    timings = [RequestTiming(sent_at=0.0, first_audio_at=0.1, finished_at=1.0, request_id="r0")]
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{free_port()}") as http:
+        for stages in (level_ttfp_stages, level_latency_stages):
+            skipped = (await stages(http, timings))["skipped"]
+            assert skipped.startswith("reading request r0's record failed: ClientConnectorError")
