@@ -3,10 +3,10 @@
 The asyncio side only enqueues and consumes: `DecodeStream.send` queues frames, the engine task groups the
 pending chunks of all streams by length into batches (after a short window; chunks of streams well ahead of their
 listeners wait for a sweep that decodes them together, in batches of the sizes the runner computes without idle
-rows), runs a few of them off the event loop, those of the streams least ahead of their listeners first, then back
-to back the last pieces of those of them whose input has ended, plans again, and hands the audio to each stream's
-bounded output. A stream's decoder state is freed as soon as it finishes, is closed (cancelled) or goes idle past
-the timeout (abandoned).
+rows, unless they can take the idle rows of a batch decoded before), runs a few of them off the event loop, those
+of the streams least ahead of their listeners first, then back to back the last pieces of those of them whose input
+has ended, plans again, and hands the audio to each stream's bounded output. A stream's decoder state is freed as
+soon as it finishes, is closed (cancelled) or goes idle past the timeout (abandoned).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class EngineSettings:
     piece_lengths: tuple[int, ...] = ()
     # The batch sizes the runner computes (on CUDA the captured graph sizes; a batch between two is padded up to the
     # larger with idle rows); empty: any size. A sweep takes as many streams as fill a size, leaving the others,
-    # which are ahead of their listeners, to the next sweep.
+    # which are ahead of their listeners, to the next sweep; outside one they only fill urgent batches' idle rows.
     batch_sizes: tuple[int, ...] = ()
     max_pending_frames: int = 1000  # per stream; `send` waits beyond this
     max_pending_outputs: int = 8  # per stream; decoding pauses until the reader catches up
@@ -282,10 +282,11 @@ class DecodeEngine:
         )
 
     def _plan_batches(self) -> list[list[_Piece]]:
-        """Plans one piece of every schedulable stream that is urgent, and in a sweep of the others too, groups
-        pieces of equal length into batches (`batch_counts`) and takes those of the first `max_plan_batches`, the
-        batches holding the earliest deadline first (`_deadline_s`): the streams a sweep leaves, and the first
-        stream left waiting outside a sweep, set the next sweep; batches beyond the cap leave one due at once."""
+        """Plans one piece of every schedulable stream that is urgent, and of the others too in a sweep or where they
+        fill an urgent batch's idle rows, groups pieces of equal length into batches (`batch_counts`) and takes those
+        of the first `max_plan_batches`, the batches holding the earliest deadline first (`_deadline_s`): the streams
+        a sweep leaves, and the first stream left waiting outside a sweep, set the next sweep; batches beyond the cap
+        leave one due at once."""
         now_s = time.monotonic()
         is_sweep = self._sweep_at_s is not None and now_s >= self._sweep_at_s
         if is_sweep:
