@@ -97,6 +97,11 @@ class _Piece(NamedTuple):
     num_frames: int  # the stream's frames in it
 
 
+def batch_rows(batch_size: int, sizes: list[int]) -> int:
+    """Rows the runner computes for a batch: the smallest of `sizes` (sorted) that holds it, else the batch itself."""
+    return next((size for size in sizes if size >= batch_size), batch_size)
+
+
 def batch_counts(num_urgent: int, num_ahead: int, settings: EngineSettings, is_sweep: bool = True) -> list[int]:
     """How many pieces of one length each batch takes, the urgent ones first: every urgent piece, and of those
     ahead of their listeners, in a sweep as many as fill batches of `settings.batch_sizes` (when the urgent ones
@@ -107,7 +112,7 @@ def batch_counts(num_urgent: int, num_ahead: int, settings: EngineSettings, is_s
     if not is_sweep:
         counts = []
         for count in batch_counts(num_urgent, 0, settings):
-            fill = min(num_ahead, next((size for size in sizes if size >= count), count) - count)
+            fill = min(num_ahead, batch_rows(count, sizes) - count)
             counts.append(count + fill)
             num_ahead -= fill
         return counts
@@ -383,10 +388,6 @@ class DecodeEngine:
             piece = PendingFrames(np.concatenate((piece.codes, padding)), piece.is_context)
         return _Piece(record, piece, num_frames)
 
-    def _batch_rows(self, batch_size: int) -> int:
-        """Rows the runner computes for a batch: the smallest of `batch_sizes` that holds it."""
-        return next((size for size in self._batch_sizes if size >= batch_size), batch_size)
-
     async def _decode_batch(self, batch: list[_Piece]) -> None:
         slots = [entry.record.slot for entry in batch]
         new_slots = [entry.record.slot for entry in batch if not entry.record.is_started]
@@ -411,7 +412,7 @@ class DecodeEngine:
         self._num_frames_decoded += num_frames
         self._decode_s += elapsed_s
         if self._on_batch is not None:
-            now_s, rows = time.monotonic(), self._batch_rows(len(batch))
+            now_s, rows = time.monotonic(), batch_rows(len(batch), self._batch_sizes)
             # The streams this batch leaves with nothing to decode (and not closed meanwhile): their last audio is out.
             done = [record for record in ended if record.status is StreamStatus.OPEN and not record.segments]
             end_tails_s = tuple(now_s - record.input_done_s for record in done)
