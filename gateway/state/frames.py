@@ -1,9 +1,9 @@
 """The codec frames of a speech run, journaled per segment so that another process can continue the run.
 
 Each talker chunk is one stream entry (segment, frame offset, codes); a segment whose talker finished gets an
-end entry with its frame count. Entries are keyed by frame offset, so a chunk written twice (a process that
-lost the run wrote it too) is read once, only frames contiguous from 0 count, and a segment counts as
-finished only with all its frames. The journal expires with the request.
+end entry with its frame count. Entries are placed by frame offset: frames written twice (a process that lost
+the run wrote them too, in chunks of other sizes) are read once, only frames contiguous from 0 count, and a
+segment counts as finished only with all its frames. The journal expires with the request.
 """
 
 from __future__ import annotations
@@ -49,11 +49,23 @@ class FrameJournal:
         """Every segment's frames, contiguous from frame 0."""
         with redis_guard("reading codec frames"):
             entries = await self.client.xrange(keys.frames(request_id))
-        segments = [SegmentFrames() for _ in range(num_segments)]
-        for _, fields in entries:
-            segment = segments[int(fields[b"segment"])]
-            if b"end" in fields:
-                segment.is_finished = int(fields[b"end"]) == len(segment.codes) // frame_bytes
-            elif int(fields[b"offset"]) == len(segment.codes) // frame_bytes:
-                segment.codes += fields[b"codes"]
-        return segments
+        return assemble([fields for _, fields in entries], num_segments, frame_bytes)
+
+
+def assemble(entries: list[dict[bytes, bytes]], num_segments: int, frame_bytes: int) -> list[SegmentFrames]:
+    """The segments' frames from journal entries in the order written. Two processes may both have written a run
+    (one had lost it to the other), each in chunks of its own sizes: their frames are the same (the talker is
+    seeded), so a chunk that overlaps the frames so far adds its frames past them."""
+    segments = [SegmentFrames() for _ in range(num_segments)]
+    ends: dict[int, int] = {}
+    for fields in entries:
+        index = int(fields[b"segment"])
+        if b"end" in fields:
+            ends[index] = int(fields[b"end"])
+            continue
+        segment, start = segments[index], int(fields[b"offset"]) * frame_bytes
+        if start <= len(segment.codes) < start + len(fields[b"codes"]):
+            segment.codes += fields[b"codes"][len(segment.codes) - start :]
+    for index, end in ends.items():
+        segments[index].is_finished = end == len(segments[index].codes) // frame_bytes
+    return segments

@@ -17,6 +17,7 @@ from cluster import Cluster, Outcome, ResumingClient
 
 from chorus.gateway.frame_log import FRAME_BYTES
 from chorus.gateway.state import keys
+from chorus.gateway.state.frames import assemble
 
 MP3_TOLERANCE_LSB = 64
 
@@ -61,22 +62,21 @@ def max_lsb(outcome: Outcome, expected: Outcome, response_format: str) -> int:
 def _codes(redis_url: str, request_id: str) -> list[bytes]:
     """The codec frames the run's talkers made, per segment, as the frame journal holds them."""
     client = redis.Redis.from_url(redis_url)
-    segments: dict[int, bytes] = {}
-    for _, fields in client.xrange(keys.frames(request_id)):
-        segment = int(fields[b"segment"])
-        codes = segments.setdefault(segment, b"")
-        if b"offset" in fields and int(fields[b"offset"]) * FRAME_BYTES == len(codes):
-            segments[segment] = codes + fields[b"codes"]
+    entries = [fields for _, fields in client.xrange(keys.frames(request_id))]
     client.close()
-    return [segments[index] for index in sorted(segments)]
+    num_segments = 1 + max((int(fields[b"segment"]) for fields in entries), default=-1)
+    return [segment.codes for segment in assemble(entries, num_segments, FRAME_BYTES)]
 
 
 def difference(outcome: Outcome, expected: Outcome, response_format: str, redis_url: str) -> str | None:
     """How `outcome` differs from the undisturbed run: codec codes must be identical; audio may differ by what
     batching alone changes (float rounding of batched decodes: at most 1 LSB of s16 PCM; the lossy MP3 of such
     input a little more)."""
-    if outcome.kind != "audio" and _codes(redis_url, outcome.request_id) != _codes(redis_url, expected.request_id):
-        return "codec codes differ"
+    if outcome.kind != "audio":
+        codes, expected_codes = _codes(redis_url, outcome.request_id), _codes(redis_url, expected.request_id)
+        if codes != expected_codes:
+            frames = [[len(segment) // FRAME_BYTES for segment in run] for run in (codes, expected_codes)]
+            return f"codec codes differ (frames per segment {frames[0]}, expected {frames[1]})"
     tolerance = MP3_TOLERANCE_LSB if response_format == "mp3" else 1
     if (lsb := max_lsb(outcome, expected, response_format)) > tolerance:
         return f"audio differs by up to {lsb} LSB ({len(outcome.data)} bytes, expected {len(expected.data)})"
