@@ -1,8 +1,9 @@
-"""`python bench/cudnn_limit_probe.py DTYPE LIMIT` on a GPU, one process per setting (cuDNN keeps what it tuned for
-the process's life): the vocoder's graph capture time and decode time at a few (streams, frames) shapes of the
-released decoder, dummy weights, with cuDNN autotuning its convolutions over the first LIMIT algorithms it ranks
-(`off`: no autotuning, its first pick). DTYPE is bfloat16 or float32 (strict, no TF32, as the engine runs it).
-Why the engine sets `torch.backends.cudnn.benchmark_limit` to 3. One JSON line a shape on stdout."""
+"""`python bench/cudnn_limit_probe.py DTYPE LIMIT [STREAMSxFRAMES ...]` on a GPU, one process per setting (cuDNN
+keeps what it tuned for the process's life): the vocoder's graph capture time and decode time at (streams, frames)
+shapes of the released decoder (by default five of the graph buckets the engine captures), dummy weights, with cuDNN
+autotuning its convolutions over the first LIMIT algorithms it ranks (`off`: no autotuning, its first pick). DTYPE is
+bfloat16 or float32 (strict, no TF32, as the engine runs it). Why the engine sets `torch.backends.cudnn.benchmark_limit`
+to 3. One JSON line a shape on stdout."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from chorus.vocoder.engine.runner import CodecRunner
 from chorus.vocoder.loader import load_codec
 
-SHAPES = ((64, 25), (48, 25), (24, 16), (12, 4), (3, 1))  # (streams, frames): graph buckets the engine captures
+SHAPES = ("64x25", "48x25", "24x16", "12x4", "3x1")
 
 
 def probe(codec, streams: int, frames: int) -> tuple[float, float]:
@@ -41,7 +42,8 @@ def main() -> None:
         torch.backends.cudnn.benchmark_limit = int(limit)
     torch.backends.cudnn.allow_tf32 = False
     codec = load_codec("released", load_format="dummy", device=torch.device("cuda"), dtype=getattr(torch, dtype))
-    for streams, frames in SHAPES:
+    for shape in sys.argv[3:] or SHAPES:
+        streams, frames = map(int, shape.split("x"))
         capture_s, decode_ms = probe(codec, streams, frames)
         row = {"dtype": dtype, "limit": limit, "streams": streams, "frames": frames}
         print(json.dumps(row | {"capture_s": round(capture_s, 2), "decode_ms": round(decode_ms, 3)}), flush=True)

@@ -26,6 +26,7 @@ import torch
 
 from chorus.bench.report import commit
 from chorus.bench_png import write_grouped_bars
+from chorus.vocoder.engine.build import CUDNN_ALGORITHMS_TRIED
 from chorus.vocoder.engine.engine import DecodeEngine, EngineSettings
 from chorus.vocoder.engine.runner import CodecRunner
 from chorus.vocoder.loader import RELEASED_CONFIG, load_codec
@@ -119,6 +120,7 @@ def _measure(args: argparse.Namespace, device: torch.device, precision: str) -> 
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     torch.backends.cudnn.allow_tf32 = allow_tf32
     torch.backends.cudnn.benchmark = True  # static shapes per graph bucket: autotune each conv once
+    torch.backends.cudnn.benchmark_limit = CUDNN_ALGORITHMS_TRIED  # as the engine does
     load_format = "dummy" if args.model == "released" else "auto"
     decoder = load_codec(args.model, load_format=load_format, device=device, dtype=dtype).decoder
     is_graphed = device.type == "cuda" and not args.no_graphs

@@ -13,6 +13,7 @@ from chorus.vocoder.engine.engine import BatchReport, DecodeEngine, EngineSettin
 from chorus.vocoder.engine.runner import CodecRunner
 from chorus.vocoder.loader import load_codec
 
+CUDNN_ALGORITHMS_TRIED = 3  # per convolution shape, when cuDNN autotunes (see build_engine)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -55,7 +56,7 @@ def build_engine(
         # 64 streams x 25 frames in bf16 on an H200, 32 ms tuned), and trying all 10 of its default limit is most of
         # the graph capture time. The best of the first 3 was as fast as the best of 10 at every bf16 shape timed,
         # within 9 % in float32, at a quarter of the capture time (4.4 s against 17.8 s for that bf16 graph).
-        torch.backends.cudnn.benchmark_limit = 3
+        torch.backends.cudnn.benchmark_limit = CUDNN_ALGORITHMS_TRIED
         # float32 means float32: with channels-last activations cuDNN picks TF32 kernels for some batch sizes and
         # not others (~1e-3 apart on an H200), so a stream's samples would depend on the batch it was decoded in.
         if codec.decoder.pre_conv.conv.weight.dtype == torch.float32:
