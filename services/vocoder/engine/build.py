@@ -52,10 +52,11 @@ def build_engine(
     is_graphed = use_cuda_graphs and device.type == "cuda"
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # few distinct conv shapes (graph buckets): autotune each once
-        # Of the algorithms cuDNN ranks first, its very first runs the decoder's convolutions 35x slower (1.1 s for
+        # The algorithm cuDNN ranks first runs the decoder's convolutions 35x slower than the tuned one (1.1 s for
         # 64 streams x 25 frames in bf16 on an H200, 32 ms tuned), and trying all 10 of its default limit is most of
-        # the graph capture time. The best of the first 3 was as fast as the best of 10 at every bf16 shape timed,
-        # within 9 % in float32, at a quarter of the capture time (4.4 s against 17.8 s for that bf16 graph).
+        # the graph capture time. The best of the first 3 decoded within 1 % of the best of 10 at 14 of 15 bf16 shapes
+        # timed (6 % slower at 4 streams x 25 frames), within 9 % in float32, and captures in a fifth to three
+        # quarters of the time (4.4 s against 17.8 s for that bf16 graph; bench/cudnn_limit_probe.py).
         torch.backends.cudnn.benchmark_limit = CUDNN_ALGORITHMS_TRIED
         # float32 means float32: with channels-last activations cuDNN picks TF32 kernels for some batch sizes and
         # not others (~1e-3 apart on an H200), so a stream's samples would depend on the batch it was decoded in.
