@@ -123,7 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=50050,
         help="gateway gRPC port; talker, vocoder, diffusion take the next three (0: free ports).",
     )
-    up.add_argument("--timeout-s", type=float, default=300.0, help="How long to wait for every service to be healthy.")
+    up.add_argument(
+        "--timeout-s",
+        type=float,
+        default=900.0,
+        help="How long to wait for every service to be healthy (on a GPU the released models compile and capture "
+        "their CUDA graphs first: 4.5–5.5 min on an H200). A service that exits fails the start at once.",
+    )
     up.add_argument("--grace-s", type=float, default=10.0, help="Drain time for in-flight requests on stop.")
     up.add_argument(
         "--redis-dir",
