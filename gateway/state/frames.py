@@ -57,15 +57,12 @@ def assemble(entries: list[dict[bytes, bytes]], num_segments: int, frame_bytes: 
     (one had lost it to the other), each in chunks of its own sizes: their frames are the same (the talker is
     seeded), so a chunk that overlaps the frames so far adds its frames past them."""
     segments = [SegmentFrames() for _ in range(num_segments)]
-    ends: dict[int, int] = {}
     for fields in entries:
-        index = int(fields[b"segment"])
-        if b"end" in fields:
-            ends[index] = int(fields[b"end"])
+        segment = segments[int(fields[b"segment"])]
+        if b"end" in fields:  # its writer wrote every frame before it: they are read by now
+            segment.is_finished = int(fields[b"end"]) == len(segment.codes) // frame_bytes
             continue
-        segment, start = segments[index], int(fields[b"offset"]) * frame_bytes
+        start = int(fields[b"offset"]) * frame_bytes
         if start <= len(segment.codes) < start + len(fields[b"codes"]):
             segment.codes += fields[b"codes"][len(segment.codes) - start :]
-    for index, end in ends.items():
-        segments[index].is_finished = end == len(segments[index].codes) // frame_bytes
     return segments

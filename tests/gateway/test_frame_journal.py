@@ -47,14 +47,6 @@ async def test_two_writers_in_chunks_of_different_sizes_read_as_one_run(journal)
     assert segment.is_finished
 
 
-async def test_an_end_written_before_the_last_frames_of_the_other_writer_still_finishes_the_segment(journal):
-    await journal.append("early-end", 0, 0, _frames(0, 2))
-    await journal.finish("early-end", 0, 4)  # its writer's last chunk, frames 2..4, is lost
-    await journal.append("early-end", 0, 2, _frames(2, 4))  # the other writer's
-    [segment] = await journal.read("early-end", 1, FRAME_BYTES)
-    assert segment.codes == _frames(0, 4) and segment.is_finished
-
-
 async def test_a_gap_stops_the_frames_and_the_segment_is_not_finished(journal):
     """Frames past a gap cannot be placed: the continuing process makes them again."""
     await journal.append("gap", 0, 0, _frames(0, 2))
