@@ -32,6 +32,17 @@ MAX_IN_FLIGHT = Gauge(
     ["backend"],
     multiprocess_mode="livemax",
 )
+RUNS_TAKEN_OVER = Counter(
+    "chorus_gateway_runs_taken_over",
+    "Runs this process took over from a gateway process that stopped renewing their lease (it died, hung, or was "
+    "too busy to renew it in time).",
+)
+RUNS_LOST = Counter(
+    "chorus_gateway_runs_lost",
+    "Runs another gateway process took over while this one still ran them: the lease lapsed on a live process (an "
+    "event loop stalled longer than run_lease_s), so their backend work ran twice. Above zero without faults: "
+    "raise run_lease_s or give the gateway more CPU.",
+)
 REDIS_SECONDS = Histogram(
     "chorus_gateway_redis_seconds",
     "Latency of the gateway's Redis round trips.",

@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from chorus.gateway.journaled_run import HANDED_OVER, JournaledRun
+from chorus.gateway.metrics import RUNS_LOST, RUNS_TAKEN_OVER
 from chorus.gateway.runner import RunRegistry
 from chorus.gateway.state.connection import REDIS_ERRORS
 from chorus.gateway.state.runs import RunEntry, RunQueue
@@ -36,7 +37,6 @@ class RunBroker:
         self.queue = queue
         self.runs = runs
         self.is_draining = False
-        self.num_taken_over = 0
         self._loop: asyncio.Task | None = None
         self._draining = asyncio.Event()  # wakes the loop from its wait between ticks
 
@@ -95,6 +95,7 @@ class RunBroker:
         owned = await self.queue.heartbeat()
         for run in runs:
             if run.entry_id is not None and run.entry_id not in owned:
+                RUNS_LOST.inc()
                 log.warning("request %s: another gateway process took its run over", run.request_id)
                 self.runs.hand_over(run.request_id)
 
@@ -123,7 +124,7 @@ class RunBroker:
                 await self._release_unstarted(entries[index:])
                 return
             run.entry_id = entry.entry_id
-            self.num_taken_over += 1
+            RUNS_TAKEN_OVER.inc()
             log.warning(
                 "request %s: took over its run from a gateway process that stopped renewing it (%.0f ms)",
                 entry.request_id,

@@ -10,6 +10,7 @@ import uuid
 
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 
 from chorus.gateway.jobs import DIFFUSION_MODEL, start_generation
 from chorus.gateway.run_broker import RunBroker
@@ -124,3 +125,44 @@ async def test_a_request_that_waited_for_its_slot_past_the_drain_goes_to_the_oth
             assert not ctx.runs.is_running(record.request_id)
     finally:
         await backend.stop(None)
+
+
+def _count(name: str) -> float:
+    return REGISTRY.get_sample_value(f"chorus_gateway_{name}_total") or 0.0
+
+
+async def test_a_run_whose_lease_lapsed_on_a_live_process_counts_as_taken_over_there_and_lost_here(redis_url):
+    """A process too busy to renew its run's lease (here: its broker's loop not yet running) loses the run to another
+    process; when it next renews, it stops its copy of the run. Both sides count it, so an operator sees leases that
+    lapse on live processes (the run's backend work ran twice) without a fault to explain them."""
+    client = open_redis(redis_url)
+    stream = f"chorus:runs:{uuid.uuid4().hex}"
+    busy_queue, other_queue = (RunQueue(client, name, 0.2, stream) for name in ("busy", "other"))
+    record, fields = RequestStore(client).new_record("speech", "m")
+    _, entry_id = await busy_queue.admit(fields, b"spec", 60, None)
+    busy = RunBroker(busy_queue, RunRegistry(journal=None))
+    await busy.start_run(ParkedRun(record.request_id), entry_id, None, is_detachable=False)
+    taken_over_before, lost_before = _count("runs_taken_over"), _count("runs_lost")
+    taken_over = asyncio.Event()
+
+    async def continue_run(entry: RunEntry) -> ParkedRun:
+        taken_over.set()
+        return ParkedRun(entry.request_id)
+
+    other = RunBroker(other_queue, RunRegistry(journal=None))
+    other.start(continue_run)
+    try:
+        async with asyncio.timeout(5):
+            await taken_over.wait()  # after the lease (0.2 s) lapsed with nobody renewing it
+            assert busy.runs.is_running(record.request_id), "the busy process still runs its copy"
+            busy.start(continue_run=None)  # the busy process gets to its loop again: its next renewal
+            while busy.runs.is_running(record.request_id):
+                await asyncio.sleep(0.01)
+        assert other.runs.is_running(record.request_id)
+        assert _count("runs_taken_over") - taken_over_before == 1
+        assert _count("runs_lost") - lost_before == 1
+    finally:
+        for broker in (busy, other):
+            await broker.close()
+            await broker.runs.close()
+        await client.aclose()
