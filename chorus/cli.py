@@ -58,7 +58,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
     try:
         stack.start()
         stack.wait_ready(
-            args.timeout_s, on_ready=lambda name, s: print(f"  {name:<9} healthy after {s:.1f} s", flush=True)
+            args.timeout_s,
+            on_ready=lambda name, s: print(f"  {name:<9} healthy after {s:.1f} s", flush=True),
+            on_waiting=lambda pending, s: print(f"  waiting for {', '.join(pending)} ({s:.0f} s)", flush=True),
         )
     except (TimeoutError, RuntimeError) as exc:
         print(f"chorus up: {exc}; stopping", file=sys.stderr, flush=True)

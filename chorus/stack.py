@@ -238,22 +238,32 @@ class LocalStack:
                 env[prefix + "WORKERS"] = str(self.gateway_workers)
         return env
 
-    def wait_ready(self, timeout_s: float, on_ready=lambda name, seconds: None) -> None:
-        """Blocks until every service is SERVING and the gateway's /ready is true."""
+    def wait_ready(
+        self,
+        timeout_s: float,
+        on_ready=lambda name, seconds: None,
+        on_waiting=lambda pending, seconds: None,
+        progress_every_s: float = 30.0,
+    ) -> None:
+        """Blocks until every service is SERVING and the gateway's /ready is true. `on_waiting(pending, seconds)`
+        every `progress_every_s` while some are not: on a GPU the models compile and capture their CUDA graphs for
+        minutes, and a start that says nothing that long looks hung."""
         started = time.monotonic()
+        next_progress_s = progress_every_s
         pending = set(self.children)
-        while pending:
+        while pending or not gateway_ready(f"http://127.0.0.1:{self.ports.rest}"):
             for name in sorted(pending):
                 self._raise_if_exited(name)
                 if self._is_serving(name):
                     pending.discard(name)
                     on_ready(name, time.monotonic() - started)
-            if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"not healthy after {timeout_s:.0f} s: {', '.join(sorted(pending))}")
-            time.sleep(0.2)
-        while not gateway_ready(f"http://127.0.0.1:{self.ports.rest}"):
-            if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"gateway /ready still false after {timeout_s:.0f} s")
+            waited_s = time.monotonic() - started
+            if waited_s > timeout_s:
+                what = f"not healthy: {', '.join(sorted(pending))}" if pending else "gateway /ready still false"
+                raise TimeoutError(f"{what} after {timeout_s:.0f} s")
+            if waited_s >= next_progress_s:
+                on_waiting(sorted(pending) or ["gateway /ready"], waited_s)
+                next_progress_s = waited_s + progress_every_s
             time.sleep(0.2)
 
     def _raise_if_exited(self, name: str) -> None:
