@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 from cluster import Cluster, Outcome, ResumingClient, two_of_everything
-from workload import judge, load, references, undisturbed_reconnects
+from workload import judge, load, references, runs_lost, undisturbed_reconnects
 
 PHASE_S = 45.0  # the faulty phase keeps load on for this long
 FAULT_INTERVAL_S = 4.0
@@ -77,6 +77,7 @@ async def test_no_request_is_lost_or_changed_while_processes_die(cluster, redis_
     started = time.monotonic()
     client = ResumingClient(cluster.gateway_urls, deadline_s=60.0)
     requests, reference = await references(cluster, client)
+    lost_undisturbed = runs_lost(cluster)
 
     faults = Faults(cluster, random.Random(SEED))
     until = time.monotonic() + PHASE_S
@@ -86,7 +87,8 @@ async def test_no_request_is_lost_or_changed_while_processes_die(cluster, redis_
     gaps = resumed_after(faults.log, [answer for _, answer in answers])
     with capsys.disabled():  # the figures show in every run, not only a failing one
         print(
-            f"\nchaos: undisturbed first ({undisturbed_reconnects(reference)} client reconnects), then "
+            f"\nchaos: undisturbed first ({undisturbed_reconnects(reference)} client reconnects, "
+            f"{lost_undisturbed} runs lost to a lease that lapsed), then "
             f"{len(answers)} requests ({sum(a.reconnects for _, a in answers)} client reconnects), "
             f"{len(faults.log)} faults ({', '.join(f'{action} {name}' for _, action, name in faults.log)}), "
             f"restarts {sum(m.restarts for m in cluster.members)}; failed {len(failed)}, different {len(different)}, "

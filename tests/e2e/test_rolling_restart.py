@@ -10,7 +10,7 @@ import time
 
 import pytest
 from cluster import Cluster, ResumingClient, two_of_everything
-from workload import judge, load, references, undisturbed_reconnects
+from workload import judge, load, references, runs_lost, undisturbed_reconnects
 
 
 @pytest.fixture
@@ -36,6 +36,7 @@ async def _restart_one_at_a_time(cluster: Cluster, timings: list[tuple[str, floa
 async def test_a_rolling_restart_under_load_fails_no_request(cluster, redis_url, capsys):
     client = ResumingClient(cluster.gateway_urls, deadline_s=60.0)
     requests, reference = await references(cluster, client)
+    lost_undisturbed = runs_lost(cluster)
 
     timings: list[tuple[str, float]] = []
     restarts = asyncio.create_task(_restart_one_at_a_time(cluster, timings))
@@ -44,7 +45,8 @@ async def test_a_rolling_restart_under_load_fails_no_request(cluster, redis_url,
     failed, different, largest_lsb = judge(answers, requests, reference, redis_url)
     with capsys.disabled():  # the figures show in every run, not only a failing one
         print(
-            f"\nrolling restart: undisturbed first ({undisturbed_reconnects(reference)} client reconnects), then "
+            f"\nrolling restart: undisturbed first ({undisturbed_reconnects(reference)} client reconnects, "
+            f"{lost_undisturbed} runs lost to a lease that lapsed), then "
             f"{len(answers)} requests ({sum(a.reconnects for _, a in answers)} client reconnects) "
             f"while {len(timings)} processes restarted one at a time "
             f"({', '.join(f'{name} {seconds:.1f} s' for name, seconds in timings)}); failed {len(failed)}, "
