@@ -94,7 +94,8 @@ class RunBroker:
         runs = self.runs.live_runs()  # before the heartbeat: a run queued meanwhile is not in its answer
         owned = await self.queue.heartbeat()
         for run in runs:
-            if run.entry_id is not None and run.entry_id not in owned:
+            # Still running: one that ended meanwhile had its entry acknowledged, which is not a loss.
+            if run.entry_id is not None and run.entry_id not in owned and self.runs.is_running(run.request_id):
                 RUNS_LOST.inc()
                 log.warning("request %s: another gateway process took its run over", run.request_id)
                 self.runs.hand_over(run.request_id)

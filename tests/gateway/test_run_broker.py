@@ -166,3 +166,57 @@ async def test_a_run_whose_lease_lapsed_on_a_live_process_counts_as_taken_over_t
             await broker.close()
             await broker.runs.close()
         await client.aclose()
+
+
+class EndingRun(ParkedRun):
+    """A run that ends when the test says."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(request_id)
+        self.end = asyncio.Event()
+
+    async def run(self) -> str:
+        await self.end.wait()
+        return "done"
+
+
+class RunEndsDuringHeartbeatQueue:
+    """A run queue whose heartbeat answers after the run ended and its entry was acknowledged."""
+
+    consumer = "gateway-under-test"
+    lease_s = 60.0
+
+    def __init__(self, run: EndingRun, runs: RunRegistry) -> None:
+        self.run, self.runs = run, runs
+        self.num_heartbeats = 0
+
+    async def heartbeat(self) -> set[str]:
+        self.run.end.set()
+        while self.runs.is_running(self.run.request_id):
+            await asyncio.sleep(0)
+        self.num_heartbeats += 1
+        return set()  # its entry is gone: acknowledged and deleted
+
+    async def done(self, entry_id: str) -> None:
+        """Acknowledges the ended run's entry (the answer above already leaves it out)."""
+
+    async def reclaim(self) -> list:
+        return []
+
+
+async def test_a_run_that_ended_while_its_lease_was_renewed_is_not_counted_lost():
+    runs = RunRegistry(journal=None)
+    run = EndingRun(f"ended-{uuid.uuid4().hex}")
+    queue = RunEndsDuringHeartbeatQueue(run, runs)
+    broker = RunBroker(queue, runs)
+    await broker.start_run(run, "1-0", None, is_detachable=False)
+    lost_before = _count("runs_lost")
+    broker.start(continue_run=None)
+    try:
+        async with asyncio.timeout(5):
+            while queue.num_heartbeats == 0:
+                await asyncio.sleep(0.01)
+        assert _count("runs_lost") == lost_before
+    finally:
+        await broker.close()
+        await runs.close()
