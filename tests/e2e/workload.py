@@ -106,7 +106,8 @@ def undisturbed_reconnects(reference: list[Outcome]) -> int:
 def runs_lost(cluster: Cluster) -> int:
     """Runs the gateway processes lost to another process while they still ran them (a lease that lapsed on a live,
     busy process: `chorus_gateway_runs_lost_total`). Printed after the undisturbed run, where no fault explains them:
-    on a loaded 2-core machine a gateway's 2 s lease has lapsed there, and its run's frames were journaled twice."""
+    on a loaded 2-core machine a gateway's 2 s lease can lapse there, and that run's frames are then journaled by both
+    processes (the reason the frame journal reads overlapping chunks)."""
     samples = [
         sample.value
         for url in cluster.gateway_urls
