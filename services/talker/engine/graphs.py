@@ -21,7 +21,7 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph]] = {}
         self.pool = None
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def capture(self, num_rows: int, attended_length: int, top_k_bound: int) -> None:
         runner = self.runner
         saved_active = runner.active.clone()

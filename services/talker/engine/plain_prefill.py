@@ -53,7 +53,7 @@ class PlainPrefill:
     def fits(self, num_rows: int, longest: int) -> bool:
         return prefill_bucket(num_rows, longest, self.padded.max_rows) is not None
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def run(self, slots: list[int], prompts: list[Prompt]) -> None:
         """Prefill plain `prompts` (which `fits`) into `slots`, each holding its prompt's KV blocks, as
         `TalkerRunner.prefill` would: each row's next codebook-0 id sampled, never EOS."""
@@ -99,7 +99,7 @@ class PlainPrefill:
         runner.generated_mask.index_fill_(0, slots, False)
         runner.start_rows(slots, hidden[self.row_index[:rows], last_index], last_index, self.no_frames[:rows])
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def capture(self, rows: int, length: int) -> None:
         """Capture the bucket's graph; its warm-up runs compute on the packed inputs there are, so those must be
         this bucket's (a batch's, or `capture_all`'s empty one)."""
@@ -108,7 +108,7 @@ class PlainPrefill:
             self.padded.pool = graph.pool()
         self.graphs[(rows, length)] = graph
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def capture_all(self) -> None:
         """Every bucket (`buckets_largest_first`), each warmed up on an empty batch (every row padded)."""
         for bucket in buckets_largest_first(self.padded.max_rows):

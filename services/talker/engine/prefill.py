@@ -124,7 +124,7 @@ class PaddedPrefill:
         scratch = self.scratch[:, :, :rows, :, :length]
         return self.stack(self.embeds[:rows, :length], self.positions[:rows, :length], list(scratch), length)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def capture(self, rows: int, length: int) -> None:
         graph, hidden = capture_graph(lambda: self._forward(rows, length), self.pool)
         if self.pool is None:

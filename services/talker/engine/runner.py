@@ -227,7 +227,11 @@ class TalkerRunner:
 
     def _compile(self, few_rows_matmul: bool) -> None:
         # Each compiled function is specialised per shape class (batch 1 or more, 1 or 2 tokens, prefill) and
-        # codebook index, so allow more entries than the default before dynamo falls back to eager.
+        # codebook index, so allow more entries than the default before dynamo falls back to eager. The engine runs
+        # under no_grad, not inference_mode: compiled code is also specialised on its inputs' dispatch keys, which
+        # differ between tensors made in inference mode and the engine's buffers: mixing the two compiled shape
+        # classes twice (48 graphs and a warm-up of 183–207 s at 0.6B on H200s, against 42 and 141 s;
+        # bench/warmup_probe.py).
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         talker = self.model.talker
         talker.model.optimize_for_decode(few_rows_matmul)
@@ -275,7 +279,7 @@ class TalkerRunner:
             if (num_rows, shortest, 0) not in self.graphs.graphs:
                 self.graphs.capture(num_rows, shortest, 0)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def _compile_unpadded_prefill(self) -> None:
         """Compile now what a prompt past the padded buckets runs (a request resumed deep into its audio): its later
         chunks attend more positions than they feed, a shape class of their own, which would otherwise compile
@@ -324,18 +328,18 @@ class TalkerRunner:
             top_k_bound,
         )
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def speaker_vector(self, audio: torch.Tensor) -> torch.Tensor:
         """x-vector `[H]` of 24 kHz mono `audio [samples]` (Base checkpoints)."""
         assert self.model.speaker_encoder is not None, "validated by the prompt builder"
         mels = log_mel_spectrogram(audio.to(self.device, torch.float32)[None])
         return self.model.speaker_encoder(mels.to(self.dtype))[0]
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def embed_prompts(self, prompts, voices) -> tuple[torch.Tensor, list[int]]:
         return embed_prompts(self.model.talker, prompts, voices)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def prefill(
         self,
         slots: list[int],
@@ -495,7 +499,7 @@ class TalkerRunner:
             layer[:, block, :, offset] = copy[:, rows, :, position]
         return hidden, logits
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def launch(self, active_rows: list[int], text_ids: list[int], max_position: int) -> DecodeLaunch:
         """Enqueue one frame for `active_rows` (slot indices), each adding its `text_ids` entry to the input, and
         return without waiting: the engine launches step N+1 before it reads step N (`collect`), so host work
