@@ -39,20 +39,22 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 COPY --chmod=0755 deploy/docker/grpc_health_probe.py /usr/local/bin/chorus-health-probe
 
 # Containers bind 0.0.0.0 on fixed ports (the config default, port 0, picks a random one);
-# every process serves Prometheus metrics on 9090; models and the HF cache live on /models.
+# every process serves Prometheus metrics on 9090; models and the HF cache live on /models; torch.compile's and
+# Triton's kernel caches on /var/cache/chorus, as in the CUDA image (nothing is compiled on CPU).
 ENV CHORUS_TALKER_HOST=0.0.0.0 CHORUS_TALKER_PORT=50051 CHORUS_TALKER_METRICS_PORT=9090 \
     CHORUS_VOCODER_HOST=0.0.0.0 CHORUS_VOCODER_PORT=50052 CHORUS_VOCODER_METRICS_PORT=9090 \
     CHORUS_DIFFUSION_HOST=0.0.0.0 CHORUS_DIFFUSION_PORT=50053 CHORUS_DIFFUSION_METRICS_PORT=9090 \
     CHORUS_GATEWAY_HOST=0.0.0.0 CHORUS_GATEWAY_PORT=50050 CHORUS_GATEWAY_METRICS_PORT=9090 \
     CHORUS_GATEWAY_REST_HOST=0.0.0.0 CHORUS_GATEWAY_REST_PORT=8000 \
     CHORUS_PROBE_ADDRESS=127.0.0.1:50050 \
-    HF_HOME=/models/huggingface
+    HF_HOME=/models/huggingface \
+    TORCHINDUCTOR_CACHE_DIR=/var/cache/chorus/inductor TRITON_CACHE_DIR=/var/cache/chorus/triton
 
 RUN useradd --system --uid 10001 --home-dir /home/chorus --create-home chorus \
-    && mkdir -p /models && chown chorus:chorus /models
+    && mkdir -p /models /var/cache/chorus && chown chorus:chorus /models /var/cache/chorus
 USER 10001
 WORKDIR /home/chorus
-VOLUME ["/models"]
+VOLUME ["/models", "/var/cache/chorus"]
 EXPOSE 8000 50050 50051 50052 50053 9090
 
 # Probes the port in CHORUS_PROBE_ADDRESS (the gateway's by default); set it per container.

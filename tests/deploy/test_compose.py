@@ -64,6 +64,19 @@ def test_gpu_services_reserve_an_nvidia_gpu_and_use_the_cuda_image():
     assert services["gateway"]["environment"]["CHORUS_GATEWAY_WORKERS"] == "16"  # a 16-core GPU host
 
 
+def test_gpu_services_keep_the_images_compile_caches_on_a_volume():
+    cuda = dockerfile_env(REPO / "Dockerfile.cuda")
+    compose = load_compose(BASE)
+    mounts = {
+        name: dict(volume.split(":")[::-1] for volume in compose["services"][name]["volumes"])
+        for name in MODEL_SERVICES
+    }
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        for name in MODEL_SERVICES:
+            (mount,) = [path for path in mounts[name] if cuda[variable].startswith(path + "/")]
+            assert mounts[name][mount] in compose["volumes"], (name, variable)
+
+
 def test_cpu_override_runs_tiny_models_without_gpus():
     services = cpu_stack()["services"]
     for name in MODEL_SERVICES:

@@ -202,6 +202,24 @@ def test_gpu_values_pin_nodes_runtime_and_checkpoints(render):
     assert env_values(deployments[f"{FULLNAME}-talker"])["CHORUS_TALKER_MAX_STREAMS"] == "64"
 
 
+@pytest.mark.parametrize(
+    ("overrides", "volume"),
+    [
+        ((), {"emptyDir": {}}),
+        (("compileCache.existingClaim=kernels",), {"persistentVolumeClaim": {"claimName": "kernels"}}),
+    ],
+)
+def test_model_services_keep_their_compile_caches_on_a_volume(render, overrides, volume):
+    for service in MODEL_SERVICES:
+        deployment = by_kind(render("default", *overrides), "Deployment")[f"{FULLNAME}-{service}"]
+        (mounted,) = [mount for mount in container(deployment)["volumeMounts"] if mount["name"] == "compile-cache"]
+        env = env_values(deployment)
+        for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+            assert env[variable].startswith(mounted["mountPath"] + "/"), variable
+        pod_volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        assert {"name": "compile-cache", **volume} in pod_volumes
+
+
 @pytest.mark.parametrize("values_set", VALUES_SETS)
 def test_env_vars_name_real_settings(render, values_set, config_env_names):
     known = frozenset().union(*config_env_names.values()) | PENDING_ENV
