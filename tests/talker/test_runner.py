@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 
 from chorus.talker.engine.runner import TalkerRunner, batch_bucket, positions_for_memory
 from chorus.talker.prompt import VoiceRequest, build_prompt
@@ -43,6 +44,29 @@ def test_inactive_decode_steps_leave_requests_untouched(tiny_loaded):
     assert all(torch.equal(before, now) for before, now in zip(state, after, strict=True))
     for expected, got in zip(reference, _decode_frames(runner, 4), strict=True):
         assert np.array_equal(expected, got)
+
+
+class _InferenceModeCalls(TorchFunctionMode):
+    """Records the torch calls made while inference mode is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if torch.is_inference_mode_enabled():
+            self.names.append(getattr(func, "__name__", repr(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_runner_works_outside_inference_mode(tiny_loaded):
+    # Compiled code is specialised on its inputs' dispatch keys: tensors made in inference mode next to the runner's
+    # buffers compiled each CUDA shape class twice (48 graphs and ~45 s more warm-up at 0.6B; see runner._compile).
+    with _InferenceModeCalls() as calls:
+        runner = _prefilled_runner(tiny_loaded)
+        _decode_frames(runner, 2)
+        runner.warmup()
+    assert calls.names == []
 
 
 def test_bucket_and_capacity_arithmetic():
