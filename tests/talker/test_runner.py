@@ -61,7 +61,7 @@ class _InferenceModeCalls(TorchFunctionMode):
 
 def test_the_runner_works_outside_inference_mode(tiny_loaded):
     # Compiled code is specialised on its inputs' dispatch keys: tensors made in inference mode next to the runner's
-    # buffers compiled each CUDA shape class twice (48 graphs and ~45 s more warm-up at 0.6B; see runner._compile).
+    # buffers compiled each CUDA shape class twice (the figures are in runner._compile's comment).
     with _InferenceModeCalls() as calls:
         runner = _prefilled_runner(tiny_loaded)
         _decode_frames(runner, 2)
