@@ -39,12 +39,6 @@ class VocoderConfig(ServiceConfig):
         "first chunks do not wait for a whole sweep; also the most rounds of ending streams' next pieces decoded "
         "right after a plan; 0: no limit.",
     )
-    first_piece_due_ms: float = option(
-        100.0,
-        "Newcomers' first chunks are decoded after the next chunks of streams already playing whose listeners are "
-        "closer than this to running dry, before the others' (at 0, a burst of newcomers made the streams started "
-        "just before them underrun).",
-    )
     idle_timeout_s: float = option(60.0, "A stream nobody sends to or reads from for this long is freed.")
     max_reference_audio_s: float = option(60.0, "Longest reference audio `Encode` accepts.")
     use_cuda_graphs: bool = option(True, "Capture CUDA graphs per (batch, chunk length) bucket on CUDA.")

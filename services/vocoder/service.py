@@ -148,7 +148,6 @@ class VocoderService(Service):
             batch_window_s=config.batch_window_ms / 1e3,
             sweep_interval_s=config.sweep_interval_ms / 1e3,
             max_plan_batches=config.max_plan_batches,
-            first_piece_due_s=config.first_piece_due_ms / 1e3,
             idle_timeout_s=config.idle_timeout_s,
             max_reference_audio_s=config.max_reference_audio_s,
         )

@@ -449,56 +449,6 @@ async def test_a_capped_plan_takes_an_ending_streams_last_piece_by_its_deadline(
         await engine.stop()
 
 
-@pytest.mark.parametrize(
-    ("is_far_ahead", "order"),
-    [
-        (False, [1, 2, 1]),  # one frame of audio in, under `first_piece_due_s` from running dry: before the newcomer
-        (True, [1, 1, 2]),  # seconds ahead of its listener: after it
-    ],
-)
-async def test_a_newcomers_first_piece_goes_after_a_stream_about_to_run_dry(tiny_codec, is_far_ahead, order):
-    """While another batch is held, a stream already playing queues 2 frames and a newcomer its first frame. With one
-    batch a plan, the playing stream's piece goes first if its listener is closer to running dry than the newcomer's
-    first piece is due (`first_piece_due_s`, 0.1 s: the stream has one 80 ms frame decoded), after it if the stream is
-    seconds ahead; both stay exact. (Newcomers went first regardless, and at 256 streams a burst of them starved the
-    second pieces of the streams started just before: underruns.)"""
-    codes = random_codes(53, seed=12, batch_size=3)
-    reports: list[BatchReport] = []
-    runner = CodecRunner(tiny_codec.decoder, max_streams=3)
-    settings = EngineSettings(batch_window_s=0.0, sweep_interval_s=0.0, max_plan_batches=1)
-    assert settings.first_piece_due_s == 0.1
-    engine = DecodeEngine(runner, settings, on_batch=reports.append)
-    release = threading.Event()
-    await engine.start()
-    try:
-        playing = engine.open_stream("playing")
-        if is_far_ahead:
-            await _get_ahead(playing, codes[0])
-        else:
-            await playing.send(codes[0, :1].numpy())
-            await anext(playing)
-        heard = playing.num_frames_decoded
-        reports.clear()
-        [(held, release)] = _hold_decodes(runner, 1)
-        starter = engine.open_stream("starter")
-        await starter.send(codes[2, :1].numpy())
-        assert await asyncio.to_thread(held.wait, 10)
-        newcomer = engine.open_stream("newcomer")
-        await newcomer.send(codes[1, :1].numpy())
-        await playing.send(codes[0, heard : heard + 2].numpy())
-        release.set()
-        piece, first = await anext(playing), await anext(newcomer)
-        assert [report.num_frames for report in reports] == order
-        playing_audio = _one_shot(tiny_codec.decoder, codes[0:1, : heard + 2])[heard * 1920 :]
-        assert np.abs(piece.waveform - playing_audio).max() <= 1e-5
-        assert np.abs(first.waveform - _one_shot(tiny_codec.decoder, codes[1:2, :1])).max() <= 1e-5
-        for stream in (playing, starter, newcomer):
-            stream.close()
-    finally:
-        release.set()
-        await engine.stop()
-
-
 async def test_a_failure_outside_a_decode_fails_the_streams_and_the_engine_runs_on(tiny_codec, caplog):
     """A bug in planning (raised once here) fails the open stream with that error, logged with its request id,
     instead of ending the engine's task (every later stream was refused while health said SERVING); the next

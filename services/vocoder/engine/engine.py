@@ -49,11 +49,6 @@ class EngineSettings:
     # streams); 0: no cap. It also bounds the rounds of ending streams' next pieces that follow a plan
     # (`_plan_endings`).
     max_plan_batches: int = 2
-    # In that order a newcomer's first piece is due this long from now: after the pieces of streams already playing
-    # whose listeners are closer than this to running dry. Due at once (0), a burst of newcomers' first pieces held
-    # back the second pieces of the streams started just before them for several batches, and those listeners, one
-    # frame of audio in, ran dry (underruns at 256 streams).
-    first_piece_due_s: float = 0.1
     max_chunk_frames: int = 25  # longer chunks are decoded in pieces (exact: the state carries over)
     # Decode pieces of these frame counts only (include 1); empty: any count. On CUDA the captured graph lengths,
     # so every decode replays a graph: an uncaptured length runs eager and autotunes its convolutions (~1 s). A
@@ -330,19 +325,16 @@ class DecodeEngine:
             (urgent if is_urgent else ahead)[decoded].append((record, num_frames, decoded))
         planned = []
         for length in sorted(urgent.keys() | ahead.keys()):  # the shortest first: newcomers' first chunks
-            # The urgent by deadline (more of them than a batch holds spill into the next), then the least ahead:
-            # those left wait for the next sweep.
-            candidates = sorted(urgent[length], key=lambda plan: self._deadline_s(plan[0], now_s)) + sorted(
-                ahead[length], key=lambda plan: plan[0].lead_s(now_s, self._frame_s)
-            )
+            # The least ahead first: those left wait for the next sweep.
+            candidates = urgent[length] + sorted(ahead[length], key=lambda plan: plan[0].lead_s(now_s, self._frame_s))
             batches = self._batches_of(candidates, len(urgent[length]), is_sweep)
             planned += batches
             if sum(map(len, batches)) < len(candidates):
                 self._sweep_later(now_s)
-        # Earliest deadline first (the sort is stable: of equal ones, e.g. newcomers', the shortest pieces).
-        planned.sort(key=lambda plans: min(self._deadline_s(record, now_s) for record, _, _ in plans))
         cap = self.settings.max_plan_batches if self.settings.max_plan_batches > 0 else len(planned)
         if len(planned) > cap:
+            # Earliest deadline first (the sort is stable: of equal ones, e.g. newcomers', the shortest pieces).
+            planned.sort(key=lambda plans: min(self._deadline_s(record, now_s) for record, _, _ in plans))
             self._sweep_at_s = now_s
         return self._take_batches(planned[:cap])
 
@@ -351,12 +343,9 @@ class DecodeEngine:
         stream whose input has ended, no later than `ahead_lead_s`, as its caller waits for the end (a closed-loop
         client's next request, a whole file). By lead alone, seconds ahead, last pieces went after every other batch
         of a capped plan while closed-loop clients' talker slots sat empty; at once, they crowded newcomers' next
-        pieces out at 256 streams (underruns). A newcomer's first piece is due `first_piece_due_s` from now."""
-        if record.first_output_s is None:
-            deadline_s = self.settings.first_piece_due_s
-        else:
-            deadline_s = record.lead_s(now_s, self._frame_s)
-        return min(deadline_s, self.settings.ahead_lead_s) if record.is_input_done else deadline_s
+        pieces out at 256 streams (underruns)."""
+        lead_s = record.lead_s(now_s, self._frame_s)
+        return min(lead_s, self.settings.ahead_lead_s) if record.is_input_done else lead_s
 
     def _plan_endings(self, decoded: list[list[_Piece]]) -> list[list[_Piece]]:
         """The next pieces of the streams in `decoded` whose input has ended, in batches of their own by length: a
