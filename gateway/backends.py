@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from chorus.runtime.channels import open_channel
 from chorus.runtime.errors import Unavailable
+from chorus.runtime.tasks import exit_if_it_fails
 from chorus.services import SERVICES
 from chorus.v1 import common_pb2, diffusion_pb2_grpc, talker_pb2_grpc, vocoder_pb2_grpc
 
@@ -105,7 +106,7 @@ class BackendPool:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._watch(), name="backend-health")
+        self._task = exit_if_it_fails(asyncio.create_task(self._watch(), name="backend-health"), "backend health")
 
     async def _watch(self) -> None:
         all_replicas = [replica for replicas in self.replicas.values() for replica in replicas]

@@ -25,7 +25,7 @@ from chorus.gateway.runner import RunRegistry
 from chorus.gateway.state.connection import REDIS_ERRORS
 from chorus.gateway.state.runs import RunEntry, RunQueue
 from chorus.runtime.errors import ChorusError
-from chorus.runtime.tasks import cancel_and_wait
+from chorus.runtime.tasks import cancel_and_wait, exit_if_it_fails
 
 log = logging.getLogger("chorus.gateway.broker")
 
@@ -77,7 +77,7 @@ class RunBroker:
             log.warning("request %s: could not acknowledge its run: %s", run.request_id, exc)
 
     def start(self, continue_run: ContinueRun) -> None:
-        self._loop = asyncio.create_task(self._keep(continue_run), name="run-broker")
+        self._loop = exit_if_it_fails(asyncio.create_task(self._keep(continue_run), name="run-broker"), "run leases")
 
     async def _keep(self, continue_run: ContinueRun) -> None:
         interval_s = self.queue.lease_s / 4

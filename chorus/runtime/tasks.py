@@ -11,6 +11,10 @@ A task whose hot loop awaits Redis (the speech pipeline's talker side journals e
 `raise_if_cancel_lost` after each command instead: it stops at once rather than a re-cancel later, while its
 stream keeps the backends busy.
 
+A loop the process cannot serve without (a gateway's run leases, its backends' health, its cancel listener; the
+vocoder's engine) is watched by `exit_if_it_fails`: should it end with an error, the process exits rather than
+serve on without it while its health says SERVING.
+
 A task stopping one of its own (`cancel_and_join`) must not swallow a cancel of itself: `task.cancel()` then
 `await task` under `suppress(CancelledError)` does, since a cancel of a task awaiting another is passed on to
 the one awaited, whose CancelledError is then all the caller sees. `asyncio.wait` is cancelled instead.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
 from collections.abc import Iterable
 
 log = logging.getLogger("chorus.tasks")
@@ -65,6 +70,25 @@ async def cancel_and_drop(task: asyncio.Task, what: str) -> None:
     await cancel_and_wait([task], what)
     if task.done() and not task.cancelled():
         task.exception()
+
+
+def exit_if_it_fails(task: asyncio.Task, what: str) -> asyncio.Task:
+    """Ends the process with exit code 1, after logging why, if `task` ends with an error (not a cancel): a gateway
+    whose lease keeper died served on while other processes took its runs over, one whose health watch died routed by
+    a frozen view of its backends, a vocoder whose engine task died refused every stream. Exiting is the failure
+    the rest is built for: other gateway processes reclaim its runs once their leases lapse, and the supervisor
+    (`chorus up`) or Kubernetes starts it again. Returns `task`."""
+
+    def on_done(task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        log.critical("%s failed; exiting so that the process is restarted", what, exc_info=task.exception())
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(1)
+
+    task.add_done_callback(on_done)
+    return task
 
 
 def raise_if_cancel_lost() -> None:

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from chorus.gateway.state import keys
 from chorus.gateway.state.connection import REDIS_ERRORS
 from chorus.gateway.state.requests import RequestStore
-from chorus.runtime.tasks import cancel_and_wait
+from chorus.runtime.tasks import cancel_and_wait, exit_if_it_fails
 
 log = logging.getLogger("chorus.gateway.cancel")
 
@@ -58,7 +58,9 @@ class CancelListener:
     def watch(self, request_id: str) -> Iterator[CancelWatch]:
         """Watches `request_id` for the duration of the block."""
         if self._listening is None:
-            self._listening = asyncio.create_task(self._listen(), name="cancel-listener")
+            self._listening = exit_if_it_fails(
+                asyncio.create_task(self._listen(), name="cancel-listener"), "cancel listener"
+            )
         watch = CancelWatch(self.requests, request_id, self.poll_interval_s)
         self._watches.setdefault(request_id, set()).add(watch)
         try:

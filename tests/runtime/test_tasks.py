@@ -1,6 +1,6 @@
 """Stopping background tasks: a cancel that Python 3.11's `asyncio.wait_for` drops is sent again, and a close
 gives up (saying where the task is stuck) rather than wait forever; a task stopping one of its own raises what
-that one raised and never swallows a cancel of itself."""
+that one raised and never swallows a cancel of itself; a vital loop that fails ends its process."""
 
 from __future__ import annotations
 
@@ -8,11 +8,17 @@ import asyncio
 import contextlib
 import gc
 import logging
+import subprocess
 import sys
 
 import pytest
 
-from chorus.runtime.tasks import cancel_and_drop, cancel_and_join, cancel_and_wait, raise_if_cancel_lost
+from chorus.runtime.tasks import (
+    cancel_and_drop,
+    cancel_and_join,
+    cancel_and_wait,
+    raise_if_cancel_lost,
+)
 
 
 async def test_a_cancel_that_wait_for_dropped_is_sent_again():
@@ -154,3 +160,41 @@ async def test_drop_reads_a_failed_helpers_error_so_asyncio_logs_nothing():
         assert len(reported) == 1 and "never retrieved" in reported[0]["message"], reported  # cancel_and_wait's
     finally:
         loop.set_exception_handler(None)
+
+
+_LOOP_SCRIPT = """
+import asyncio, logging, sys
+from chorus.runtime.tasks import exit_if_it_fails
+
+async def loop(fails):
+    await asyncio.sleep(0.05)
+    if fails:
+        raise RuntimeError("a bug in the loop")
+    await asyncio.sleep(60)
+
+async def main(fails):
+    task = exit_if_it_fails(asyncio.create_task(loop(fails)), "the test loop")
+    if not fails:
+        await asyncio.sleep(0.1)
+        task.cancel()
+    await asyncio.sleep(1.0)
+    print("served on")
+
+logging.basicConfig()
+asyncio.run(main(sys.argv[1] == "fails"))
+"""
+
+
+@pytest.mark.parametrize("fails", [True, False])
+def test_a_vital_loop_that_fails_ends_its_process_with_the_reason(fails):
+    """A real process: a watched loop that raises ends it with exit code 1 and a log line naming the loop and the
+    error, before it could serve on without the loop; one that is cancelled (a stop) ends nothing."""
+    run = subprocess.run(
+        [sys.executable, "-c", _LOOP_SCRIPT, "fails" if fails else "cancelled"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if fails:
+        assert run.returncode == 1 and "served on" not in run.stdout
+        assert "the test loop failed; exiting" in run.stderr and "RuntimeError: a bug in the loop" in run.stderr
+    else:
+        assert run.returncode == 0 and "served on" in run.stdout and "failed" not in run.stderr

@@ -26,6 +26,7 @@ import torch
 
 from chorus.runtime.errors import InvalidRequest, Overloaded, Unavailable
 from chorus.runtime.streams import use_own_stream
+from chorus.runtime.tasks import exit_if_it_fails
 from chorus.vocoder.engine.encoding import EncodedAudio, encode_audio_bytes
 from chorus.vocoder.engine.runner import CodecRunner
 from chorus.vocoder.engine.stream import PcmPiece, PendingFrames, StreamRecord, StreamStatus
@@ -174,7 +175,7 @@ class DecodeEngine:
         self._decode_s = 0.0
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="vocoder-engine")
+        self._task = exit_if_it_fails(asyncio.create_task(self._run(), name="vocoder-engine"), "vocoder engine")
 
     async def stop(self) -> None:
         for record in list(self._streams.values()):
