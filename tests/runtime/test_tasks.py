@@ -13,12 +13,7 @@ import sys
 
 import pytest
 
-from chorus.runtime.tasks import (
-    cancel_and_drop,
-    cancel_and_join,
-    cancel_and_wait,
-    raise_if_cancel_lost,
-)
+from chorus.runtime.tasks import cancel_and_drop, cancel_and_join, cancel_and_wait, raise_if_cancel_lost
 
 
 async def test_a_cancel_that_wait_for_dropped_is_sent_again():
