@@ -12,8 +12,9 @@ A task whose hot loop awaits Redis (the speech pipeline's talker side journals e
 stream keeps the backends busy.
 
 A loop the process cannot serve without (a gateway's run leases, its backends' health, its cancel listener; the
-vocoder's engine) is watched by `exit_if_it_fails`: should it end with an error, the process exits rather than
-serve on without it while its health says SERVING.
+vocoder's engine task; the talker's and the diffusion engine's threads) is watched by `exit_if_it_fails` (a task)
+or `exit_if_it_raises` (a thread's target): should it end with an error, the process exits rather than serve on
+without it while its health says SERVING.
 
 A task stopping one of its own (`cancel_and_join`) must not swallow a cancel of itself: `task.cancel()` then
 `await task` under `suppress(CancelledError)` does, since a cancel of a task awaiting another is passed on to
@@ -26,7 +27,7 @@ import asyncio
 import io
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 log = logging.getLogger("chorus.tasks")
 
@@ -80,15 +81,31 @@ def exit_if_it_fails(task: asyncio.Task, what: str) -> asyncio.Task:
     (`chorus up`) or Kubernetes starts it again. Returns `task`."""
 
     def on_done(task: asyncio.Task) -> None:
-        if task.cancelled() or task.exception() is None:
-            return
-        log.critical("%s failed; exiting so that the process is restarted", what, exc_info=task.exception())
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os._exit(1)
+        if not task.cancelled() and task.exception() is not None:
+            _exit(what, task.exception())
 
     task.add_done_callback(on_done)
     return task
+
+
+def exit_if_it_raises(target: Callable[[], None], what: str) -> Callable[[], None]:
+    """`target`, for a thread the process cannot serve without, ending the process as `exit_if_it_fails` does if it
+    raises: an engine thread that died left its requests waiting for output that never came."""
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as error:
+            _exit(what, error)
+
+    return run
+
+
+def _exit(what: str, error: BaseException) -> None:
+    log.critical("%s failed; exiting so that the process is restarted", what, exc_info=error)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(1)
 
 
 def raise_if_cancel_lost() -> None:

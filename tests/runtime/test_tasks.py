@@ -158,38 +158,42 @@ async def test_drop_reads_a_failed_helpers_error_so_asyncio_logs_nothing():
 
 
 _LOOP_SCRIPT = """
-import asyncio, logging, sys
-from chorus.runtime.tasks import exit_if_it_fails
+import asyncio, logging, sys, threading, time
+from chorus.runtime.tasks import exit_if_it_fails, exit_if_it_raises
 
-async def loop(fails):
+def bug():
+    raise RuntimeError("a bug in the loop")
+
+async def loop(how):
     await asyncio.sleep(0.05)
-    if fails:
-        raise RuntimeError("a bug in the loop")
+    if how == "task fails":
+        bug()
     await asyncio.sleep(60)
 
-async def main(fails):
-    task = exit_if_it_fails(asyncio.create_task(loop(fails)), "the test loop")
-    if not fails:
+async def main(how):
+    task = exit_if_it_fails(asyncio.create_task(loop(how)), "the test loop")
+    if how == "thread raises":
+        threading.Thread(target=exit_if_it_raises(bug, "the test thread"), daemon=True).start()
+    if how == "task cancelled":
         await asyncio.sleep(0.1)
         task.cancel()
     await asyncio.sleep(1.0)
     print("served on")
 
 logging.basicConfig()
-asyncio.run(main(sys.argv[1] == "fails"))
+asyncio.run(main(sys.argv[1]))
 """
 
 
-@pytest.mark.parametrize("fails", [True, False])
-def test_a_vital_loop_that_fails_ends_its_process_with_the_reason(fails):
-    """A real process: a watched loop that raises ends it with exit code 1 and a log line naming the loop and the
-    error, before it could serve on without the loop; one that is cancelled (a stop) ends nothing."""
-    run = subprocess.run(
-        [sys.executable, "-c", _LOOP_SCRIPT, "fails" if fails else "cancelled"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    if fails:
+@pytest.mark.parametrize(
+    ("how", "what"), [("task fails", "the test loop"), ("thread raises", "the test thread"), ("task cancelled", None)]
+)
+def test_a_vital_loop_that_fails_ends_its_process_with_the_reason(how, what):
+    """A real process: a watched task or thread that raises ends it with exit code 1 and a log line naming the loop
+    and the error, before it could serve on without the loop; a task that is cancelled (a stop) ends nothing."""
+    run = subprocess.run([sys.executable, "-c", _LOOP_SCRIPT, how], capture_output=True, text=True, timeout=60)
+    if what is not None:
         assert run.returncode == 1 and "served on" not in run.stdout
-        assert "the test loop failed; exiting" in run.stderr and "RuntimeError: a bug in the loop" in run.stderr
+        assert f"{what} failed; exiting" in run.stderr and "RuntimeError: a bug in the loop" in run.stderr
     else:
         assert run.returncode == 0 and "served on" in run.stdout and "failed" not in run.stderr

@@ -33,6 +33,7 @@ from chorus.diffusion.engine.request import (
 from chorus.diffusion.engine.runner import Denoiser, DiffusionRunner, SampleSpec, SampleState
 from chorus.diffusion.engine.scheduler import BatchScheduler, Entry
 from chorus.diffusion.loader import StableAudioModels
+from chorus.runtime.tasks import exit_if_it_raises
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,9 @@ class DiffusionEngine:
 
     def start(self) -> None:
         assert self._thread is None
-        self._thread = threading.Thread(target=self._run, name="diffusion-engine", daemon=True)
+        self._thread = threading.Thread(
+            target=exit_if_it_raises(self._run, "diffusion engine"), name="diffusion-engine", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:

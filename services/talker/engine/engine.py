@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from chorus.runtime.streams import use_own_stream
+from chorus.runtime.tasks import exit_if_it_raises
 from chorus.talker.engine.kv_blocks import BLOCK_SIZE, blocks_for
 from chorus.talker.engine.prefill import LENGTH_BUCKETS
 from chorus.talker.engine.request import FinishReason, Status, TalkerRequest
@@ -320,7 +321,9 @@ class TalkerEngine:
     def start(self) -> None:
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="talker-engine", daemon=True)
+        self._thread = threading.Thread(
+            target=exit_if_it_raises(self._loop, "talker engine"), name="talker-engine", daemon=True
+        )
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
