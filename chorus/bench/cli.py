@@ -92,6 +92,9 @@ def _main(args: argparse.Namespace, kind: str, run, check_targets, stacks=None) 
     except (httpx.ConnectError, aiohttp.ClientConnectionError, grpc.aio.AioRpcError) as exc:
         print(f"chorus bench: cannot reach the Chorus gateway at {args.url}: {exc}", file=sys.stderr)
         return 1
+    except ConnectionError as exc:
+        print(f"chorus bench: {exc}", file=sys.stderr)
+        return 1
     except TimeoutError:
         print(f"chorus bench: stopped after --timeout-s {args.timeout_s:.0f} s", file=sys.stderr)
         return 1

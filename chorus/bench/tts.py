@@ -44,6 +44,7 @@ from chorus.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 SAMPLE_RATE_HZ = 24_000
 BYTES_PER_SECOND = 2 * SAMPLE_RATE_HZ  # pcm: 16-bit mono
 ERROR_MESSAGE_CHARS = 300  # of an error's message kept in the results
+CONNECT_TIMEOUT_S = 30.0  # for the gRPC channels, before the first level
 
 
 def speech_body(
@@ -186,6 +187,16 @@ async def run_level(
     return summary, timings
 
 
+async def connect(channels: list[grpc.aio.Channel], target: str) -> None:
+    """Every channel connected before the first level, as a long-lived client's are: left to connect at their
+    first call, the channels a level adds (192 at 256 after 64) connected inside its burst."""
+    try:
+        await asyncio.wait_for(asyncio.gather(*(channel.channel_ready() for channel in channels)), CONNECT_TIMEOUT_S)
+    except TimeoutError:
+        message = f"the gateway's gRPC port {target} took no connection in {CONNECT_TIMEOUT_S:.0f} s"
+        raise ConnectionError(message) from None
+
+
 async def run(args, progress) -> list[dict]:
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     metadata = tuple(headers.items())
@@ -212,6 +223,7 @@ async def run(args, progress) -> list[dict]:
                 model = (await reply.json())["data"][0]["id"]
         else:
             model = args.model
+        await connect(channels, args.grpc_target)
         texts = [SPEECH[name] for name in args.prompts]
         chaos = Chaos(http, args.chaos) if args.chaos else None
         steps = None if args.no_breakdown else StepBreakdown(http, args.url, args.grpc_target)
