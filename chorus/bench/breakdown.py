@@ -7,8 +7,9 @@ frames, rows computed, prefills, the queue and first-frame time histograms and t
 its first frame (`talker_steps_to_first_frame_mean`, 2 at best: a slow first frame waited for more steps, or for
 longer ones); the vocoder's decode seconds and batch-size histograms, idle rows, audio seconds, and its streams' time
 after their end of input: to their first decode since (`vocoder_end_wait_ms_mean`) and to their last audio
-(`vocoder_end_tail_ms_mean`)) and each process's CPU time from /proc. So the bench must run on the stack's
-machine; otherwise (a remote gateway or backend) the level says why it has none.
+(`vocoder_end_tail_ms_mean`); their garbage collections and the time those held the GIL) and each process's CPU
+time from /proc. So the bench must run on the stack's machine; otherwise (a remote gateway or backend) the level
+says why it has none.
 
 `talker_plus_vocoder_busy_fraction` is the sum of the talker's busy fractions (steps and prefills) and the
 vocoder's. When the two share a GPU it bounds their overlap, it does not measure it: near 1 they may simply
@@ -35,6 +36,7 @@ from chorus.bench.local_processes import Listener, cpu_s, is_local, listeners, p
 from chorus.bench.memory import CUDA_GAUGES, MemoryWatch
 
 SPEECH_METRICS = ("chorus_talker_", "chorus_vocoder_")
+GC_PAUSES = "chorus_gc_pause_seconds"  # `chorus.runtime.gc_pauses`
 COUNTERS = ("_total", "_sum", "_count")  # samples that only grow (counters, histograms), unlike gauges
 
 
@@ -120,6 +122,9 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
         "talker_plus_vocoder_busy_fraction": None if None in busy else round(sum(busy), 3),
         "speech_cpu_s_per_s": _ratio(speech_cpu_s, wall_s),
         "speech_cpu_ms_per_talker_step": _ratio(speech_cpu_s * 1e3, steps),
+        # Collections stop every thread of their process: one long pause stalls all of its streams at once.
+        "speech_gc_collections": round(delta.get(f"{GC_PAUSES}_count", 0.0)),
+        "speech_gc_pause_ms": round(delta.get(f"{GC_PAUSES}_sum", 0.0) * 1e3, 1),
         "gateway_cpu_s_per_s": _ratio(gateway_cpu_s, wall_s),
         "gateway_cpu_ms_per_chunk": _ratio(gateway_cpu_s * 1e3, chunks),
         "gateway_cpu_ms_per_audio_s": _ratio(gateway_cpu_s * 1e3, audio_s),
@@ -233,7 +238,7 @@ class StepBreakdown:
 
     async def _snapshot(self, processes: Processes) -> Snapshot:
         metrics = await self._speech_metrics(
-            processes, lambda name: name.startswith(SPEECH_METRICS) and name.endswith(COUNTERS)
+            processes, lambda name: name.startswith((*SPEECH_METRICS, GC_PAUSES)) and name.endswith(COUNTERS)
         )
         at_s = time.perf_counter()
         speech_cpu_s, gateway_cpu_s = _cpu_s(processes.speech_pids), _cpu_s(processes.gateway_pids)

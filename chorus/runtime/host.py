@@ -28,6 +28,7 @@ from grpc_reflection.v1alpha import reflection
 from chorus.runtime.boundary import ErrorBoundary
 from chorus.runtime.channels import server_options
 from chorus.runtime.config import ServiceConfig
+from chorus.runtime.gc_pauses import watch_gc_pauses
 from chorus.runtime.metrics import SERVING, serve_metrics
 
 log = logging.getLogger("chorus.host")
@@ -97,6 +98,7 @@ class ServiceHost:
         started = time.perf_counter()
         gc.collect()
         gc.freeze()
+        watch_gc_pauses()
         log.info(
             "%s: %d objects from warm-up exempt from garbage collection (a full collection took %.0f ms)",
             self.service.name, gc.get_freeze_count(), (time.perf_counter() - started) * 1000,

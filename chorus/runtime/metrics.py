@@ -10,6 +10,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from chorus.runtime.gc_pauses import GcPauseCollector
+
 RPCS = Counter("chorus_rpcs", "gRPC calls handled, by method and final status code.", ["service", "method", "code"])
 RPC_SECONDS = Histogram(
     "chorus_rpc_seconds",
@@ -51,6 +53,7 @@ class CudaMemoryCollector(Collector):
 
 
 REGISTRY.register(CudaMemoryCollector())
+REGISTRY.register(GcPauseCollector())  # one process's: not merged over gateway workers
 
 
 def metrics_registry() -> CollectorRegistry:

@@ -62,8 +62,12 @@ def _snapshot(
     return Snapshot(at_s, metrics, speech, gateway)
 
 
-def _more(rows_computed, first_frames, queue_s, first_frame_s, idle_rows, ends=0, wait_s=0, tail_s=0) -> dict:
+def _more(
+    rows_computed, first_frames, queue_s, first_frame_s, idle_rows, ends=0, wait_s=0, tail_s=0, gcs=0, gc_s=0
+) -> dict:
     return {
+        "chorus_gc_pause_seconds_count": gcs,
+        "chorus_gc_pause_seconds_sum": gc_s,
         "chorus_talker_rows_computed_total": rows_computed,
         "chorus_talker_queue_seconds_count": first_frames,
         "chorus_talker_queue_seconds_sum": queue_s,
@@ -85,9 +89,10 @@ def test_the_breakdown_of_a_level_is_the_deltas_between_its_snapshots():
     # process, 3 in the gateway's two workers.
     # The steps computed 20 rows each; the 40 requests waited 50 ms for their prefill and 100 ms for their first
     # frame, 3 engine steps after their prefill's; the vocoder's forwards computed 250 idle rows; the 40 streams'
-    # last pieces waited 20 ms after their end of input, and their last audio came 30 ms after it.
-    before = _snapshot(100.0, 500, 2.0, 4000, 10, 0.5, 100, 1.0, 300, 50.0, 20.0, 5.0, **_more(0, 0, 0, 0, 0))
-    more = _more(20000, 40, 2.0, 4.0, 250, ends=40, wait_s=0.8, tail_s=1.2)
+    # last pieces waited 20 ms after their end of input, and their last audio came 30 ms after it; 300 garbage
+    # collections stopped the speech process for 150 ms in all.
+    before = _snapshot(100.0, 500, 2.0, 4000, 10, 0.5, 100, 1.0, 300, 50.0, 20.0, 5.0, **_more(0, 0, 0, 0, 0, gcs=50))
+    more = _more(20000, 40, 2.0, 4.0, 250, ends=40, wait_s=0.8, tail_s=1.2, gcs=350, gc_s=0.15)
     after = _snapshot(110.0, 1500, 8.0, 20000, 50, 1.5, 350, 3.0, 1300, 210.0, 29.0, 8.0, **more)
     processes = Processes(frozenset({7}), frozenset({7}), frozenset({8, 9}))
     assert breakdown(before, after, processes) == {
@@ -120,6 +125,8 @@ def test_the_breakdown_of_a_level_is_the_deltas_between_its_snapshots():
         "talker_plus_vocoder_busy_fraction": 0.9,
         "speech_cpu_s_per_s": 0.9,
         "speech_cpu_ms_per_talker_step": 9.0,
+        "speech_gc_collections": 300,
+        "speech_gc_pause_ms": 150.0,
         "gateway_cpu_s_per_s": 0.3,
         "gateway_cpu_ms_per_chunk": 3.0,
         "gateway_cpu_ms_per_audio_s": 18.75,
