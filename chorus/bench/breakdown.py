@@ -37,16 +37,22 @@ from chorus.bench.memory import CUDA_GAUGES, MemoryWatch
 
 SPEECH_METRICS = ("chorus_talker_", "chorus_vocoder_")
 GC_PAUSES = "chorus_gc_pause_seconds"  # `chorus.runtime.gc_pauses`
+LONG_GC_PAUSE_S = 0.025  # one of its buckets' bounds
 COUNTERS = ("_total", "_sum", "_count")  # samples that only grow (counters, histograms), unlike gauges
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """A /metrics page as {sample name: value}, summed over label sets; histogram buckets left out."""
+def parse_metrics(text: str, buckets_of: tuple[str, ...] = ()) -> dict[str, float]:
+    """A /metrics page as {sample name: value}, summed over label sets; histogram buckets left out, but those of
+    the histograms named in `buckets_of`, as `<name>_bucket:<le>`."""
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if not sample.name.endswith(("_bucket", "_created")):
-                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+            name = sample.name
+            if name.endswith("_bucket") and name.removesuffix("_bucket") in buckets_of:
+                name = f"{name}:{sample.labels['le']}"
+            elif name.endswith(("_bucket", "_created")):
+                continue
+            values[name] = values.get(name, 0.0) + sample.value
     return values
 
 
@@ -125,6 +131,9 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
         # Collections stop every thread of their process: one long pause stalls all of its streams at once.
         "speech_gc_collections": round(delta.get(f"{GC_PAUSES}_count", 0.0)),
         "speech_gc_pause_ms": round(delta.get(f"{GC_PAUSES}_sum", 0.0) * 1e3, 1),
+        "speech_gc_pauses_over_25ms": round(
+            delta.get(f"{GC_PAUSES}_count", 0.0) - delta.get(f"{GC_PAUSES}_bucket:{LONG_GC_PAUSE_S}", 0.0)
+        ),
         "gateway_cpu_s_per_s": _ratio(gateway_cpu_s, wall_s),
         "gateway_cpu_ms_per_chunk": _ratio(gateway_cpu_s * 1e3, chunks),
         "gateway_cpu_ms_per_audio_s": _ratio(gateway_cpu_s * 1e3, audio_s),
@@ -219,7 +228,7 @@ class StepBreakdown:
             try:
                 async with self.scraper.get(url) as reply:
                     reply.raise_for_status()
-                    samples = parse_metrics(await reply.text())
+                    samples = parse_metrics(await reply.text(), buckets_of=(GC_PAUSES,))
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise Skipped(f"{url}: {type(exc).__name__}") from exc
             except ValueError as exc:  # a page that is not (or no longer) Prometheus text
@@ -238,7 +247,11 @@ class StepBreakdown:
 
     async def _snapshot(self, processes: Processes) -> Snapshot:
         metrics = await self._speech_metrics(
-            processes, lambda name: name.startswith((*SPEECH_METRICS, GC_PAUSES)) and name.endswith(COUNTERS)
+            processes,
+            lambda name: (
+                (name.startswith((*SPEECH_METRICS, GC_PAUSES)) and name.endswith(COUNTERS))
+                or name.startswith(f"{GC_PAUSES}_bucket:")
+            ),
         )
         at_s = time.perf_counter()
         speech_cpu_s, gateway_cpu_s = _cpu_s(processes.speech_pids), _cpu_s(processes.gateway_pids)

@@ -41,6 +41,9 @@ def test_a_metrics_page_becomes_sample_values_summed_over_labels_without_buckets
         "chorus_vocoder_decode_seconds_sum": 0.05,
         "chorus_rpcs_total": 7.0,
     }
+    kept = parse_metrics(PAGE, buckets_of=("chorus_vocoder_decode_seconds",))
+    assert kept["chorus_vocoder_decode_seconds_bucket:0.01"] == 3.0
+    assert kept["chorus_vocoder_decode_seconds_bucket:+Inf"] == 4.0
 
 
 def _snapshot(
@@ -68,6 +71,7 @@ def _more(
     return {
         "chorus_gc_pause_seconds_count": gcs,
         "chorus_gc_pause_seconds_sum": gc_s,
+        "chorus_gc_pause_seconds_bucket:0.025": gcs - gcs // 100,
         "chorus_talker_rows_computed_total": rows_computed,
         "chorus_talker_queue_seconds_count": first_frames,
         "chorus_talker_queue_seconds_sum": queue_s,
@@ -90,7 +94,7 @@ def test_the_breakdown_of_a_level_is_the_deltas_between_its_snapshots():
     # The steps computed 20 rows each; the 40 requests waited 50 ms for their prefill and 100 ms for their first
     # frame, 3 engine steps after their prefill's; the vocoder's forwards computed 250 idle rows; the 40 streams'
     # last pieces waited 20 ms after their end of input, and their last audio came 30 ms after it; 300 garbage
-    # collections stopped the speech process for 150 ms in all.
+    # collections stopped the speech process for 150 ms in all, 3 of them for more than 25 ms.
     before = _snapshot(100.0, 500, 2.0, 4000, 10, 0.5, 100, 1.0, 300, 50.0, 20.0, 5.0, **_more(0, 0, 0, 0, 0, gcs=50))
     more = _more(20000, 40, 2.0, 4.0, 250, ends=40, wait_s=0.8, tail_s=1.2, gcs=350, gc_s=0.15)
     after = _snapshot(110.0, 1500, 8.0, 20000, 50, 1.5, 350, 3.0, 1300, 210.0, 29.0, 8.0, **more)
@@ -127,6 +131,7 @@ def test_the_breakdown_of_a_level_is_the_deltas_between_its_snapshots():
         "speech_cpu_ms_per_talker_step": 9.0,
         "speech_gc_collections": 300,
         "speech_gc_pause_ms": 150.0,
+        "speech_gc_pauses_over_25ms": 3,
         "gateway_cpu_s_per_s": 0.3,
         "gateway_cpu_ms_per_chunk": 3.0,
         "gateway_cpu_ms_per_audio_s": 18.75,
