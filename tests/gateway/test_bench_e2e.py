@@ -19,6 +19,7 @@ from chorus.bench.report import write
 from chorus.bench.ttfp import LATENCY_STAGES, STAGES
 from chorus.diffusion.config import DiffusionConfig
 from chorus.diffusion.service import DiffusionService
+from chorus.runtime.gc_pauses import watch_gc_pauses
 
 FRAME_S = 0.08
 
@@ -75,6 +76,7 @@ class _Quiet:
 
 
 async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, redis_url, tmp_path):
+    watch_gc_pauses()  # as a service's host does once it serves
     async with speech_stack(start_gateway, redis_url, str(tmp_path)) as (_, http, target, _, _):
         args = _args([
             "bench", "tts", "--url", str(http.base_url), "--grpc-target", target, "--concurrency", "1,2",
@@ -98,6 +100,9 @@ async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, r
         assert steps["vocoder_audio_s"] == pytest.approx(level["audio_s"]) and steps["vocoder_mean_batch_size"] >= 1
         assert steps["talker_plus_vocoder_busy_fraction"] > 0 and steps["speech_cpu_ms_per_talker_step"] > 0
         assert steps["gateway_cpu_ms_per_chunk"] > 0 and steps["gateway_cpu_ms_per_audio_s"] > 0
+        # A level allocates thousands of objects: the collector ran, and each of its pauses was timed.
+        assert steps["speech_gc_collections"] > 0 and steps["speech_gc_pause_ms"] > 0, steps
+        assert 0 <= steps["speech_gc_pauses_over_25ms"] <= steps["speech_gc_collections"], steps
         # A stream's last frames may be decoded before its end of input arrives: then it has no time after it.
         end_wait_ms, end_tail_ms = steps["vocoder_end_wait_ms_mean"], steps["vocoder_end_tail_ms_mean"]
         assert (end_wait_ms, end_tail_ms) == (None, None) or 0 <= end_wait_ms <= end_tail_ms < 5000, steps
