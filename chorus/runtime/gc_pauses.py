@@ -3,7 +3,10 @@
 A collection holds the GIL for its whole scan, so every thread of the process stops with it: an engine's loop, the
 event loop relaying audio. `gc.freeze()` after warm-up (`chorus.runtime.host`) takes the warm-up's objects out of
 the scans, but what serving keeps alive (hundreds of streams' records, messages and arrays) is still scanned, and a
-full (generation 2) collection over it stalls every stream of the process at once.
+full (generation 2) collection over it stalls every stream of the process at once. (On an H200 at 256 streams the
+speech process spent 2–4 % of its time in ~150 collections a 4–5 s bench level, almost none over 25 ms:
+docs/performance-log.md, 2026-11-29.) Gateway workers share one /metrics through files; this histogram is each
+process's own, so theirs is not reported.
 
 The callback only adds to plain lists: it runs inside whatever allocation triggered the collection, which may be
 inside a metric's lock, so it must take none. The figures are read at scrape time (`GcPauseCollector`)."""
@@ -39,7 +42,7 @@ def _on_collection(phase: str, info: dict) -> None:
 
 
 class GcPauseCollector(Collector):
-    """`chorus_gc_pause_seconds{generation}`: each collection's duration since the process started."""
+    """`chorus_gc_pause_seconds{generation}`: the duration of each collection since `watch_gc_pauses()`."""
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(

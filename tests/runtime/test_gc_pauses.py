@@ -48,4 +48,3 @@ def test_a_full_collection_is_counted_with_how_long_it_held_the_process():
         if "@" in name:
             bound = float(name.split("@")[1])
             assert value - before[name] == (1 if paused_s <= bound else 0), name
-    del cycles
