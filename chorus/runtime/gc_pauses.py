@@ -5,28 +5,41 @@ event loop relaying audio. `gc.freeze()` after warm-up (`chorus.runtime.host`) t
 the scans, but what serving keeps alive (hundreds of streams' records, messages and arrays) is still scanned, and a
 full (generation 2) collection over it stalls every stream of the process at once. (On an H200 at 256 streams the
 speech process spent 2–4 % of its time in ~150 collections a 4–5 s bench level, almost none over 25 ms:
-docs/performance-log.md, 2026-11-29.) Gateway workers share one /metrics through files; this histogram is each
-process's own, so theirs is not reported.
+docs/performance-log.md, 2026-11-29.)
 
-The callback only adds to plain lists: it runs inside whatever allocation triggered the collection, which may be
-inside a metric's lock, so it must take none. The figures are read at scrape time (`GcPauseCollector`)."""
+The callback only appends to a queue: it runs inside whatever allocation triggered the collection, which may hold a
+metric's lock, so it must take none. The pauses reach the histogram outside it: when this process's /metrics is read
+(`GcPauseCollector`) and, in a process whose metrics go to files for another to merge (gateway workers), from a
+thread every second."""
 
 from __future__ import annotations
 
-import bisect
+import collections
 import gc
-import itertools
+import os
+import threading
 import time
 from collections.abc import Iterator
 
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client import Histogram
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 GENERATIONS = 3
+FILE_FLUSH_INTERVAL_S = 1.0
 
-_counts = [[0] * (len(BUCKETS_S) + 1) for _ in range(GENERATIONS)]  # per generation, per bucket (the last: +Inf)
-_sums_s = [0.0] * GENERATIONS
+GC_PAUSE_SECONDS = Histogram(
+    "chorus_gc_pause_seconds",
+    "Garbage collections of this process, by generation, by how long they held the GIL (every thread waits).",
+    ["generation"],
+    buckets=BUCKETS_S,
+    registry=None,  # collected through GcPauseCollector, which first records what is queued
+)
+for _generation in range(GENERATIONS):
+    GC_PAUSE_SECONDS.labels(str(_generation))
+
+_queued: collections.deque[tuple[int, float]] = collections.deque(maxlen=100_000)  # (generation, seconds)
 _started_s: float | None = None
 
 
@@ -35,29 +48,35 @@ def _on_collection(phase: str, info: dict) -> None:
     if phase == "start":
         _started_s = time.perf_counter()
     elif _started_s is not None:
-        paused_s, generation = time.perf_counter() - _started_s, info["generation"]
-        _counts[generation][bisect.bisect_left(BUCKETS_S, paused_s)] += 1
-        _sums_s[generation] += paused_s
+        _queued.append((info["generation"], time.perf_counter() - _started_s))
         _started_s = None
+
+
+def record_queued() -> None:
+    """Observe the collections timed since the last call (never from inside one)."""
+    while _queued:
+        generation, paused_s = _queued.popleft()
+        GC_PAUSE_SECONDS.labels(str(generation)).observe(paused_s)
 
 
 class GcPauseCollector(Collector):
     """`chorus_gc_pause_seconds{generation}`: the duration of each collection since `watch_gc_pauses()`."""
 
-    def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily(
-            "chorus_gc_pause_seconds",
-            "Garbage collections of this process, by generation, by how long they held the GIL (every thread waits).",
-            labels=["generation"],
-        )
-        bounds = [*map(str, BUCKETS_S), "+Inf"]
-        for generation in range(GENERATIONS):
-            buckets = list(zip(bounds, itertools.accumulate(_counts[generation]), strict=True))
-            family.add_metric([str(generation)], buckets, _sums_s[generation])
-        yield family
+    def collect(self) -> Iterator[Metric]:
+        record_queued()
+        yield from GC_PAUSE_SECONDS.collect()
 
 
 def watch_gc_pauses() -> None:
     """Time every collection from now on (once per process)."""
-    if _on_collection not in gc.callbacks:
-        gc.callbacks.append(_on_collection)
+    if _on_collection in gc.callbacks:
+        return
+    gc.callbacks.append(_on_collection)
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:  # nothing reads this process's collector: write to the files
+        threading.Thread(target=_record_to_files, name="gc-pauses", daemon=True).start()
+
+
+def _record_to_files() -> None:
+    while True:
+        time.sleep(FILE_FLUSH_INTERVAL_S)
+        record_queued()

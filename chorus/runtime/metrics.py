@@ -53,7 +53,7 @@ class CudaMemoryCollector(Collector):
 
 
 REGISTRY.register(CudaMemoryCollector())
-REGISTRY.register(GcPauseCollector())  # one process's: not merged over gateway workers
+REGISTRY.register(GcPauseCollector())
 
 
 def metrics_registry() -> CollectorRegistry:

@@ -108,6 +108,8 @@ def test_workers_share_the_ports_and_report_one_set_of_metrics(gateway):
     # reported) and a set one (diffusion's 8) are each the limit of all of them together.
     assert 'chorus_gateway_max_in_flight{backend="talker"} 64.0' in metrics
     assert 'chorus_gateway_max_in_flight{backend="diffusion"} 8.0' in metrics
+    # Each worker's garbage-collection pauses go to the shared files too (test_gc_pauses.py times them).
+    assert 'chorus_gc_pause_seconds_count{generation="2"}' in metrics
     process.send_signal(signal.SIGTERM)
     assert process.wait(30) == 0
     assert all(_is_gone(pid) for pid in workers)
