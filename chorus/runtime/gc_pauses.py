@@ -39,7 +39,9 @@ GC_PAUSE_SECONDS = Histogram(
 for _generation in range(GENERATIONS):
     GC_PAUSE_SECONDS.labels(str(_generation))
 
-_queued: collections.deque[tuple[int, float]] = collections.deque(maxlen=100_000)  # (generation, seconds)
+# (generation, seconds) of collections not yet observed; bounded for a process nobody scrapes (~1 MB, minutes of
+# collections at hundreds of streams), which then drops the oldest.
+_queued: collections.deque[tuple[int, float]] = collections.deque(maxlen=10_000)
 _started_s: float | None = None
 
 
@@ -54,8 +56,11 @@ def _on_collection(phase: str, info: dict) -> None:
 
 def record_queued() -> None:
     """Observe the collections timed since the last call (never from inside one)."""
-    while _queued:
-        generation, paused_s = _queued.popleft()
+    while True:
+        try:
+            generation, paused_s = _queued.popleft()
+        except IndexError:  # empty, or emptied by a concurrent scrape
+            return
         GC_PAUSE_SECONDS.labels(str(generation)).observe(paused_s)
 
 
