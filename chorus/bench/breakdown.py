@@ -34,10 +34,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from chorus.bench.chaos import SPEECH_BACKENDS
 from chorus.bench.local_processes import Listener, cpu_s, is_local, listeners, pids_on
 from chorus.bench.memory import CUDA_GAUGES, MemoryWatch
+from chorus.runtime.gc_pauses import METRIC as GC_PAUSES
 
 SPEECH_METRICS = ("chorus_talker_", "chorus_vocoder_")
-GC_PAUSES = "chorus_gc_pause_seconds"  # `chorus.runtime.gc_pauses`
-LONG_GC_PAUSE_S = 0.025  # one of its buckets' bounds
+LONG_GC_PAUSE_S = 0.025  # one of `gc_pauses.BUCKETS_S`
 COUNTERS = ("_total", "_sum", "_count")  # samples that only grow (counters, histograms), unlike gauges
 
 

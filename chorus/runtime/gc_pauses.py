@@ -29,8 +29,9 @@ BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 GENERATIONS = 3
 FILE_FLUSH_INTERVAL_S = 1.0
 
+METRIC = "chorus_gc_pause_seconds"
 GC_PAUSE_SECONDS = Histogram(
-    "chorus_gc_pause_seconds",
+    METRIC,
     "Garbage collections of this process, by generation, by how long they held the GIL (every thread waits).",
     ["generation"],
     buckets=BUCKETS_S,
