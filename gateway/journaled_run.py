@@ -119,7 +119,9 @@ class JournaledRun:
                 code, message = status_for(exc)
                 # The client's own mistakes are its to read; a backend's failure is the operator's too.
                 level = logging.INFO if code in _CLIENT_CODES else logging.WARNING
-                log.log(level, "request %s failed: %s: %s", self.request_id, code.name, message)
+                # The cause (e.g. which Redis error) is the operator's to read, not the client's.
+                cause = f" (cause: {exc.__cause__!r})" if exc.__cause__ is not None else ""
+                log.log(level, "request %s failed: %s: %s%s", self.request_id, code.name, message, cause)
                 return await self._end(FAILED, {"code": code.name, "message": message}, None)
             except Exception:
                 log.exception("request %s failed", self.request_id)

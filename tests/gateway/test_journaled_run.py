@@ -109,3 +109,21 @@ async def test_a_failed_run_logs_its_request_id_and_why(new_run, caplog, error, 
             assert await run.run() == FAILED
     [record] = [record for record in caplog.records if f"request {run.request_id} failed" in record.getMessage()]
     assert record.levelno == level and str(error) in record.getMessage()
+
+
+async def test_a_failed_runs_log_line_names_the_cause_the_client_is_not_told(new_run, caplog):
+    """Which Redis error cut a run is the operator's to read (the client's 503 says only that Redis was
+    unavailable)."""
+    async with asyncio.timeout(5):
+        run = await new_run(FailingRun)
+        try:
+            raise ConnectionResetError("Connection reset by peer")
+        except ConnectionResetError as cause:
+            run.error = Unavailable("request state store (Redis) is unavailable while journaling output")
+            run.error.__cause__ = cause
+        with caplog.at_level(logging.INFO, logger="chorus.gateway.run"):
+            assert await run.run() == FAILED
+        record = await run.requests.get(run.request_id)
+    [line] = [r.getMessage() for r in caplog.records if f"request {run.request_id} failed" in r.getMessage()]
+    assert "cause: ConnectionResetError('Connection reset by peer')" in line
+    assert "reset" not in record.error["message"]
