@@ -41,6 +41,7 @@ class FrameLog:
         self.frame_times: list[float] = []
         self.last_frames_at: float | None = None  # when the latest frames came here (time.time())
         self.finished_at: float | None = None  # when the talker's Final came
+        self.talker_timings: dict[str, float] | None = None  # its Final's (`proto_convert.timings`)
         self._changed = asyncio.Event()
 
     @property
@@ -58,9 +59,10 @@ class FrameLog:
         if self.sink is not None:
             await self.sink.frames(offset, chunk.codes)
 
-    async def finish(self) -> None:
+    async def finish(self, talker_timings: dict[str, float] | None = None) -> None:
         self.is_finished = True
         self.finished_at = time.time()
+        self.talker_timings = talker_timings
         self._changed.set()
         if self.sink is not None:
             await self.sink.finished(self.num_frames)

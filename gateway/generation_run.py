@@ -27,6 +27,7 @@ from concurrent.futures import Executor
 import grpc
 import numpy as np
 
+from chorus.gateway import proto_convert
 from chorus.gateway.audio import StreamingEncoder
 from chorus.gateway.backends import BackendPool
 from chorus.gateway.failover import (
@@ -95,12 +96,11 @@ class GenerationRun(JournaledRun):
         self.mark("journaled")
         audio_s = num_samples / pcm[0].sample_rate_hz
         REAL_TIME_FACTOR.labels("audio").observe((time.monotonic() - started) / audio_s)
-        timings = final.usage.timings
         return {
             "audio_s": audio_s,
             "num_steps": final.usage.num_steps,
             "last_sequence": sequence - 1,
-            "timings": {name: round(getattr(timings, name), 1) for name in ("queue_ms", "first_output_ms", "total_ms")},
+            "timings": proto_convert.timings(final.usage.timings),
         }
 
     async def _generate(self, replica, restarts: int) -> tuple[common_pb2.Final, list[common_pb2.PcmChunk]]:

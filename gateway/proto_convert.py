@@ -51,6 +51,11 @@ _SAMPLING_FIELDS = (
 )
 
 
+def timings(message: common_pb2.Timings) -> dict[str, float]:
+    """A service's own timings from its Final, as a record's usage keeps them (ms, one decimal)."""
+    return {name: round(getattr(message, name), 1) for name in ("queue_ms", "first_output_ms", "total_ms")}
+
+
 def task_type_name(task_type: int) -> str:
     """A talker TaskType as the REST API names it (custom_voice, voice_design, voice_clone)."""
     return _TASK_TYPES.get(task_type) or "unspecified"

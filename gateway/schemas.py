@@ -212,5 +212,6 @@ class RequestView(BaseModel):
         "(its Final), encoded_ms, journaled_ms, or speech's first_frame_ms, first_pcm_ms, first_audio_ms (its first "
         "codec frames, PCM and journaled bytes) and, for its next three pieces of audio, frames_N_ms, pcm_N_ms and "
         "journaled_N_ms (N = 1, 2, 3), and finished_ms. The service's own timings are in usage.timings "
-        "(queue_ms, first_output_ms, total_ms).",
+        "(queue_ms, first_output_ms, total_ms, from its admission there; speech: the talker's, for the first "
+        "segment).",
     )

@@ -193,4 +193,8 @@ class SpeechRun(JournaledRun):
                 encoder.close()
         if audio_s > 0:
             REAL_TIME_FACTOR.labels("speech").observe((time.monotonic() - started) / audio_s)
-        return {"audio_s": audio_s, "num_segments": len(self.segments), "last_sequence": sequence - 1}
+        usage = {"audio_s": audio_s, "num_segments": len(self.segments), "last_sequence": sequence - 1}
+        first = self.frame_logs[0]
+        if first.talker_timings is not None and not first.is_taken_over:  # the first segment's, as TTFP's
+            usage["timings"] = first.talker_timings
+        return usage

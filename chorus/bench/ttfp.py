@@ -10,6 +10,12 @@ admission and start, and the client's TTFP, they split each sampled request's TT
   vocoder         → their PCM at the gateway (vocoder gRPC, first chunk's decode, back)
   encode_journal  → first bytes journaled (encoding, the journal's Redis write)
   client          the rest of the client's TTFP: sending the request, the bytes after the journal
+Where the record has the talker's own timings (`usage.timings` of its first segment's stream), `talker` is split
+further into (TALKER_STAGES, which add up to it):
+  talker_queue        the request's wait in the talker engine for its prefill (admitted there → prefilled)
+  talker_first_frame  → its first frame made (the prefill, the decode steps to the first frame)
+  talker_transit      the rest: the request's way to the engine and the frame's way back (gRPC, event loops)
+`slowest_ttfp_stages` splits the level's slowest 5 % so (those past its TTFP p95): where its tail comes from.
 
 For the next few pieces a run marks when each one's frames came (`frames_<piece>`), its PCM (`pcm_<piece>`) and
 when it was journaled (`journaled_<piece>`): where a player ran dry, they say which part made the piece it waited
@@ -37,15 +43,19 @@ from chorus.bench.metrics import RequestTiming, underruns
 
 SAMPLE = 32  # requests read per level, spread over it
 STAGES = ("admission", "start", "talker", "vocoder", "encode_journal", "client")
+TALKER_STAGES = ("talker_queue", "talker_first_frame", "talker_transit")
 _MARKS = ("started_ms", "first_frame_ms", "first_pcm_ms", "first_audio_ms")
 LATENCY_STAGES = ("first_frame", "frames", "talker_final", "vocoder", "finish", "client")
 _END_MARKS = ("first_frame_ms", "last_frame_ms", "talker_done_ms", "last_pcm_ms", "finished_ms")
 
 
-def ttfp_stages(ttfp_ms: float, timeline_ms: dict[str, float]) -> dict[str, float] | None:
-    """One request's TTFP split into STAGES, from its record's timeline (ms since admission); None without the
-    marks (a gateway that does not set them, a run that failed before audio). Without `arrived_ms` the split has
-    no `admission`, and `client` holds that wait too."""
+def ttfp_stages(
+    ttfp_ms: float, timeline_ms: dict[str, float], talker_timings: dict[str, float] | None = None
+) -> dict[str, float] | None:
+    """One request's TTFP split into STAGES, from its record's timeline (ms since admission), and `talker` into
+    TALKER_STAGES too with the talker's own timings; None without the marks (a gateway that does not set them, a
+    run that failed before audio). Without `arrived_ms` the split has no `admission`, and `client` holds that
+    wait too."""
     if any(mark not in timeline_ms for mark in _MARKS):
         return None
     started, first_frame, first_pcm, first_audio = (timeline_ms[mark] for mark in _MARKS)
@@ -58,7 +68,12 @@ def ttfp_stages(ttfp_ms: float, timeline_ms: dict[str, float]) -> dict[str, floa
         first_audio - first_pcm,
         ttfp_ms - first_audio - (admission or 0.0),
     )
-    return {stage: part for stage, part in zip(STAGES, parts, strict=True) if part is not None}
+    split = {stage: part for stage, part in zip(STAGES, parts, strict=True) if part is not None}
+    if talker_timings:
+        queue_ms, first_output_ms = talker_timings["queue_ms"], talker_timings["first_output_ms"]
+        talker_parts = (queue_ms, first_output_ms - queue_ms, split["talker"] - first_output_ms)
+        split |= dict(zip(TALKER_STAGES, talker_parts, strict=True))
+    return split
 
 
 def latency_stages(latency_ms: float, timeline_ms: dict[str, float]) -> dict[str, float] | None:
@@ -87,6 +102,13 @@ def sampled(timings: list[RequestTiming], size: int = SAMPLE) -> list[RequestTim
     return usable[::step][:size]
 
 
+def slowest(timings: list[RequestTiming], share: float = 0.05, most: int = SAMPLE) -> list[RequestTiming]:
+    """The slowest `share` of the requests with audio and an id, by TTFP (at least one, at most `most`)."""
+    usable = [t for t in timings if t.error is None and t.first_audio_at is not None and t.request_id]
+    usable.sort(key=lambda t: t.first_audio_at - t.sent_at, reverse=True)
+    return usable[: min(most, max(1, round(share * len(usable))))]
+
+
 def underrun_stages(timing: RequestTiming, timeline_ms: dict[str, float]) -> dict[str, float] | None:
     """Where the piece a request's player first ran dry waiting for was, in ms after the request's first audio:
     when its frames came from the talker (`frames`), its PCM from the vocoder (`pcm`), it was journaled
@@ -106,47 +128,53 @@ def underrun_stages(timing: RequestTiming, timeline_ms: dict[str, float]) -> dic
     return split
 
 
-async def _timeline_ms(http: aiohttp.ClientSession, request_id: str) -> dict[str, float] | None:
+async def _record(http: aiohttp.ClientSession, request_id: str) -> dict | None:
     async with http.get(f"/v1/requests/{request_id}") as reply:
         if reply.status != 200:
             return None
-        record = await reply.json()
-    return record.get("timeline") or {}
+        return await reply.json()
 
 
 async def _level_stages(
-    http: aiohttp.ClientSession, timings: list[RequestTiming], split_of, stages: tuple[str, ...], why_none: str
+    http: aiohttp.ClientSession,
+    timings: list[RequestTiming],
+    split_of,
+    stages: tuple[str, ...],
+    why_none: str,
+    pick=sampled,
 ) -> dict:
-    """Medians in ms of `split_of(timing, timeline_ms)` over a sample of the requests whose records have the marks
-    it needs, or {"skipped": why_none}; {"skipped": why} when the records cannot be read (the level's figures stand
-    without them)."""
+    """Medians in ms of `split_of(timing, record)` over the requests `pick` chooses (a sample spread over the
+    level) whose records have the marks it needs, or {"skipped": why_none}; {"skipped": why} when the records
+    cannot be read (the level's figures stand without them)."""
     splits = []
-    for timing in sampled(timings):
+    for timing in pick(timings):
         try:
-            timeline_ms = await _timeline_ms(http, timing.request_id)
+            record = await _record(http, timing.request_id)
         except (aiohttp.ClientError, TimeoutError) as exc:
             return {"skipped": f"reading request {timing.request_id}'s record failed: {type(exc).__name__}: {exc}"}
-        if timeline_ms is not None and (split := split_of(timing, timeline_ms)) is not None:
+        if record is not None and (split := split_of(timing, record)) is not None:
             splits.append(split)
     if not splits:
         return {"skipped": why_none}
     return {"requests": len(splits), "p50_ms": _medians(splits, stages)}
 
 
-async def level_ttfp_stages(http: aiohttp.ClientSession, timings: list[RequestTiming]) -> dict:
-    """Medians of the sampled requests' TTFP stages in ms, or {"skipped": why}."""
+async def level_ttfp_stages(http: aiohttp.ClientSession, timings: list[RequestTiming], pick=sampled) -> dict:
+    """Medians of the TTFP stages in ms of the requests `pick` chooses (`sampled`, `slowest`), or {"skipped": why}."""
 
-    def split_of(timing: RequestTiming, timeline_ms: dict[str, float]) -> dict[str, float] | None:
-        return ttfp_stages((timing.first_audio_at - timing.sent_at) * 1000, timeline_ms)
+    def split_of(timing: RequestTiming, record: dict) -> dict[str, float] | None:
+        ttfp_ms = (timing.first_audio_at - timing.sent_at) * 1000
+        return ttfp_stages(ttfp_ms, record.get("timeline") or {}, (record.get("usage") or {}).get("timings"))
 
-    return await _level_stages(http, timings, split_of, STAGES, "no sampled request's record has the first-audio marks")
+    why = "no sampled request's record has the first-audio marks"
+    return await _level_stages(http, timings, split_of, STAGES + TALKER_STAGES, why, pick)
 
 
 async def level_latency_stages(http: aiohttp.ClientSession, timings: list[RequestTiming]) -> dict:
     """Medians of the sampled requests' latency stages in ms, or {"skipped": why}."""
 
-    def split_of(timing: RequestTiming, timeline_ms: dict[str, float]) -> dict[str, float] | None:
-        return latency_stages((timing.finished_at - timing.sent_at) * 1000, timeline_ms)
+    def split_of(timing: RequestTiming, record: dict) -> dict[str, float] | None:
+        return latency_stages((timing.finished_at - timing.sent_at) * 1000, record.get("timeline") or {})
 
     return await _level_stages(http, timings, split_of, LATENCY_STAGES, "no sampled request's record has the end marks")
 
@@ -155,7 +183,11 @@ async def level_underrun_stages(http: aiohttp.ClientSession, timings: list[Reque
     """Medians of `underrun_stages` over a sample of the requests whose players ran dry, or {"skipped": why}."""
     dry = [timing for timing in timings if underruns(timing.arrivals)]
     why = "no player ran dry" if not dry else "no sampled record marks the piece waited for"
-    return await _level_stages(http, dry, underrun_stages, ("frames", "pcm", "journaled", "client", "due"), why)
+
+    def split_of(timing: RequestTiming, record: dict) -> dict[str, float] | None:
+        return underrun_stages(timing, record.get("timeline") or {})
+
+    return await _level_stages(http, dry, split_of, ("frames", "pcm", "journaled", "client", "due"), why)
 
 
 def _medians(splits: list[dict[str, float]], stages: tuple[str, ...]) -> dict[str, float]:

@@ -10,10 +10,12 @@ from chorus.bench.metrics import RequestTiming
 from chorus.bench.ttfp import (
     LATENCY_STAGES,
     STAGES,
+    TALKER_STAGES,
     latency_stages,
     level_latency_stages,
     level_ttfp_stages,
     sampled,
+    slowest,
     ttfp_stages,
     underrun_stages,
 )
@@ -28,6 +30,26 @@ def test_the_stages_add_up_to_the_clients_ttfp():
     expected = {"admission": 2.5, "start": 1.5, "talker": 10.5, "vocoder": 5.5, "encode_journal": 1.5, "client": 1.5}
     assert split == pytest.approx(expected)
     assert sum(split.values()) == pytest.approx(23.0)
+
+
+def test_the_talkers_own_timings_split_its_stage():
+    timeline = {"arrived_ms": -2.5, "admitted_ms": 0.0, "started_ms": 1.5, "first_frame_ms": 12.0, "first_pcm_ms": 17.5,
+                "first_audio_ms": 19.0}  # fmt: skip
+    split = ttfp_stages(23.0, timeline, {"queue_ms": 2.0, "first_output_ms": 7.5, "total_ms": 900.0})
+    assert list(split) == list(STAGES + TALKER_STAGES)
+    assert [split[stage] for stage in TALKER_STAGES] == pytest.approx([2.0, 5.5, 3.0])
+    assert sum(split[stage] for stage in TALKER_STAGES) == pytest.approx(split["talker"])
+    assert sum(split[stage] for stage in STAGES) == pytest.approx(23.0)
+
+
+def test_the_slowest_are_the_last_twentieth_by_ttfp_at_least_one_at_most_the_sample():
+    ttfps = [0.1 * (i % 7) + 0.01 * i for i in range(100)]  # not in sending order
+    timings = [RequestTiming(sent_at=i, first_audio_at=i + ttfp, request_id=f"r{i}") for i, ttfp in enumerate(ttfps)]
+    timings[98] = RequestTiming(sent_at=98, error="HTTP 503", request_id="r98")
+    picked = slowest(timings)
+    slowest_ttfps = sorted((ttfp for i, ttfp in enumerate(ttfps) if i != 98), reverse=True)[:5]
+    assert [t.first_audio_at - t.sent_at for t in picked] == pytest.approx(slowest_ttfps)
+    assert len(slowest(timings[:3])) == 1 and len(slowest(timings * 10)) == 32
 
 
 def test_without_the_arrival_mark_the_client_keeps_the_admission_wait():

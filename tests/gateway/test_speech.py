@@ -59,6 +59,9 @@ async def test_speech_wav_and_pcm_carry_the_same_samples(stack):
     assert wav.content[44:] == pcm.content and len(pcm.content) % (2 * SAMPLES_PER_FRAME) == 0
     record = (await http.get(f"/v1/requests/{wav.headers['x-request-id']}")).json()
     assert len(pcm.content) / 2 / SAMPLE_RATE_HZ == pytest.approx(record["usage"]["audio_s"])
+    # The talker's own timings of the segment, from its admission there: its queue, first frame, Final in order.
+    timings = record["usage"]["timings"]
+    assert 0 <= timings["queue_ms"] <= timings["first_output_ms"] <= timings["total_ms"], timings
 
 
 async def test_a_runs_first_pieces_are_timed_on_its_timeline(stack):
