@@ -7,9 +7,9 @@ frames, rows computed, prefills, the queue and first-frame time histograms and t
 its first frame (`talker_steps_to_first_frame_mean`, 2 at best: a slow first frame waited for more steps, or for
 longer ones); the vocoder's decode seconds and batch-size histograms, idle rows, audio seconds, and its streams' time
 after their end of input: to their first decode since (`vocoder_end_wait_ms_mean`) and to their last audio
-(`vocoder_end_tail_ms_mean`); their garbage collections and the time those held the GIL) and each process's CPU
-time from /proc. So the bench must run on the stack's machine; otherwise (a remote gateway or backend) the level
-says why it has none.
+(`vocoder_end_tail_ms_mean`); their garbage collections and the time those held the GIL; how late their event
+loops ran what was due, and the gateway's) and each process's CPU time from /proc. So the bench must run on the
+stack's machine; otherwise (a remote gateway or backend) the level says why it has none.
 
 `talker_plus_vocoder_busy_fraction` is the sum of the talker's busy fractions (steps and prefills) and the
 vocoder's. When the two share a GPU it bounds their overlap, it does not measure it: near 1 they may simply
@@ -35,9 +35,11 @@ from chorus.bench.chaos import SPEECH_BACKENDS
 from chorus.bench.local_processes import Listener, cpu_s, is_local, listeners, pids_on
 from chorus.bench.memory import CUDA_GAUGES, MemoryWatch
 from chorus.runtime.gc_pauses import METRIC as GC_PAUSES
+from chorus.runtime.loop_lag import METRIC as LOOP_LAG
 
 SPEECH_METRICS = ("chorus_talker_", "chorus_vocoder_")
 LONG_GC_PAUSE_S = 0.025  # one of `gc_pauses.BUCKETS_S`
+LONG_LOOP_LAG_S = 0.05  # one of `loop_lag.BUCKETS_S`
 COUNTERS = ("_total", "_sum", "_count")  # samples that only grow (counters, histograms), unlike gauges
 
 
@@ -71,6 +73,7 @@ class Processes:
 class Snapshot:
     at_s: float  # time.perf_counter()
     metrics: dict[str, float]  # the speech services' counters, summed over their processes
+    gateway_metrics: dict[str, float]  # the gateway's event-loop lag histogram, summed over its workers
     speech_cpu_s: float
     gateway_cpu_s: float
 
@@ -80,6 +83,10 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
     busy over the wall seconds); a ratio with nothing to divide by is None."""
     wall_s = after.at_s - before.at_s
     delta = {name: after.metrics.get(name, 0.0) - before.metrics.get(name, 0.0) for name in after.metrics}
+    gateway_delta = {
+        name: after.gateway_metrics.get(name, 0.0) - before.gateway_metrics.get(name, 0.0)
+        for name in after.gateway_metrics
+    }
     steps = delta.get("chorus_talker_steps_total", 0.0)
     step_s = delta.get("chorus_talker_step_seconds_total", 0.0)
     prefills = delta.get("chorus_talker_prefills_total", 0.0)
@@ -134,13 +141,25 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
         "speech_gc_pauses_over_25ms": round(
             delta.get(f"{GC_PAUSES}_count", 0.0) - delta.get(f"{GC_PAUSES}_bucket:{LONG_GC_PAUSE_S}", 0.0)
         ),
+        # A late event loop delays every stream of its process: its messages, and new requests before they start.
+        **_loop_lag_figures("speech", delta),
         "gateway_cpu_s_per_s": _ratio(gateway_cpu_s, wall_s),
         "gateway_cpu_ms_per_chunk": _ratio(gateway_cpu_s * 1e3, chunks),
         "gateway_cpu_ms_per_audio_s": _ratio(gateway_cpu_s * 1e3, audio_s),
+        **_loop_lag_figures("gateway", gateway_delta),
     }
     if processes.gateway_pids & processes.speech_pids:
         figures["note"] = "the gateway and the speech services share a process: their CPU figures overlap"
     return figures
+
+
+def _loop_lag_figures(processes: str, delta: dict[str, float]) -> dict[str, float | None]:
+    """The mean lateness of the processes' event loops over the level, and how often one was over 50 ms late."""
+    wakeups = delta.get(f"{LOOP_LAG}_count", 0.0)
+    return {
+        f"{processes}_loop_lag_ms_mean": _mean_ms(delta, LOOP_LAG),
+        f"{processes}_loop_lags_over_50ms": round(wakeups - delta.get(f"{LOOP_LAG}_bucket:{LONG_LOOP_LAG_S}", 0.0)),
+    }
 
 
 def _mean_ms(delta: dict[str, float], histogram: str) -> float | None:
@@ -228,7 +247,7 @@ class StepBreakdown:
             try:
                 async with self.scraper.get(url) as reply:
                     reply.raise_for_status()
-                    samples = parse_metrics(await reply.text(), buckets_of=(GC_PAUSES,))
+                    samples = parse_metrics(await reply.text(), buckets_of=(GC_PAUSES, LOOP_LAG))
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise Skipped(f"{url}: {type(exc).__name__}") from exc
             except ValueError as exc:  # a page that is not (or no longer) Prometheus text
@@ -249,13 +268,24 @@ class StepBreakdown:
         metrics = await self._speech_metrics(
             processes,
             lambda name: (
-                (name.startswith((*SPEECH_METRICS, GC_PAUSES)) and name.endswith(COUNTERS))
-                or name.startswith(f"{GC_PAUSES}_bucket:")
+                (name.startswith((*SPEECH_METRICS, GC_PAUSES, LOOP_LAG)) and name.endswith(COUNTERS))
+                or name.startswith((f"{GC_PAUSES}_bucket:", f"{LOOP_LAG}_bucket:"))
             ),
         )
+        gateway_metrics = await self._gateway_loop_lag()
         at_s = time.perf_counter()
         speech_cpu_s, gateway_cpu_s = _cpu_s(processes.speech_pids), _cpu_s(processes.gateway_pids)
-        return Snapshot(at_s, metrics, speech_cpu_s, gateway_cpu_s)
+        return Snapshot(at_s, metrics, gateway_metrics, speech_cpu_s, gateway_cpu_s)
+
+    async def _gateway_loop_lag(self) -> dict[str, float]:
+        """The event-loop lag histogram on the gateway's /metrics (its workers' merged)."""
+        try:
+            async with self.http.get("/metrics") as reply:
+                reply.raise_for_status()
+                samples = parse_metrics(await reply.text(), buckets_of=(LOOP_LAG,))
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise Skipped(f"the gateway's /metrics: {type(exc).__name__}: {exc}") from exc
+        return {name: value for name, value in samples.items() if name.startswith(LOOP_LAG)}
 
 
 def _cpu_s(pids: frozenset[int]) -> float:

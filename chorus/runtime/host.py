@@ -29,7 +29,9 @@ from chorus.runtime.boundary import ErrorBoundary
 from chorus.runtime.channels import server_options
 from chorus.runtime.config import ServiceConfig
 from chorus.runtime.gc_pauses import watch_gc_pauses
+from chorus.runtime.loop_lag import watch_loop_lag
 from chorus.runtime.metrics import SERVING, serve_metrics
+from chorus.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger("chorus.host")
 
@@ -70,6 +72,7 @@ class ServiceHost:
         )
         self.port: int | None = None
         self.metrics_port: int | None = None
+        self._loop_lag: asyncio.Task | None = None
 
     async def start(self) -> None:
         self.service.register(self.server)
@@ -99,6 +102,7 @@ class ServiceHost:
         gc.collect()
         gc.freeze()
         watch_gc_pauses()
+        self._loop_lag = asyncio.create_task(watch_loop_lag(), name="loop-lag")
         log.info(
             "%s: %d objects from warm-up exempt from garbage collection (a full collection took %.0f ms)",
             self.service.name, gc.get_freeze_count(), (time.perf_counter() - started) * 1000,
@@ -114,6 +118,8 @@ class ServiceHost:
         finally:  # a failed drain still stops the calls and frees the service's resources; its error goes on up
             await self.server.stop(self.config.grace_s)
             await self.service.close()
+            if self._loop_lag is not None:
+                await cancel_and_wait([self._loop_lag], "loop lag watch")
         log.info("%s stopped", self.service.name)
 
     async def _set_serving(self, is_serving: bool) -> None:

@@ -110,6 +110,9 @@ def test_workers_share_the_ports_and_report_one_set_of_metrics(gateway):
     assert 'chorus_gateway_max_in_flight{backend="diffusion"} 8.0' in metrics
     # Each worker's garbage-collection pauses go to the shared files too (test_gc_pauses.py times them).
     assert 'chorus_gc_pause_seconds_count{generation="2"}' in metrics
+    # And their event loops' lag, every worker's wake-ups in one histogram (test_loop_lag.py times them).
+    [wakeups] = [line for line in metrics.splitlines() if line.startswith("chorus_event_loop_lag_seconds_count")]
+    assert float(wakeups.split()[-1]) > 0, wakeups
     process.send_signal(signal.SIGTERM)
     assert process.wait(30) == 0
     assert all(_is_gone(pid) for pid in workers)

@@ -46,9 +46,18 @@ def test_a_metrics_page_becomes_sample_values_summed_over_labels_without_buckets
     assert kept["chorus_vocoder_decode_seconds_bucket:+Inf"] == 4.0
 
 
+def _loop_lag(wakeups, lag_s, over_50ms) -> dict:
+    return {
+        "chorus_event_loop_lag_seconds_count": wakeups,
+        "chorus_event_loop_lag_seconds_sum": lag_s,
+        "chorus_event_loop_lag_seconds_bucket:0.05": wakeups - over_50ms,
+    }
+
+
 def _snapshot(
-    at_s, steps, step_s, frames, prefills, prefill_s, batches, decode_s, chunks, audio_s, speech, gateway, **more
-):
+    at_s, steps, step_s, frames, prefills, prefill_s, batches, decode_s, chunks, audio_s, speech, gateway,
+    gateway_lag=None, **more,
+):  # fmt: skip
     metrics = more | {
         "chorus_talker_steps_total": steps,
         "chorus_talker_step_seconds_total": step_s,
@@ -62,7 +71,7 @@ def _snapshot(
         "chorus_vocoder_batch_size_sum": chunks,
         "chorus_vocoder_audio_seconds_total": audio_s,
     }
-    return Snapshot(at_s, metrics, speech, gateway)
+    return Snapshot(at_s, metrics, gateway_lag or _loop_lag(0, 0.0, 0), speech, gateway)
 
 
 def _more(
@@ -95,9 +104,14 @@ def test_the_breakdown_of_a_level_is_the_deltas_between_its_snapshots():
     # frame, 3 engine steps after their prefill's; the vocoder's forwards computed 250 idle rows; the 40 streams'
     # last pieces waited 20 ms after their end of input, and their last audio came 30 ms after it; 300 garbage
     # collections stopped the speech process for 150 ms in all, 3 of them for more than 25 ms.
-    before = _snapshot(100.0, 500, 2.0, 4000, 10, 0.5, 100, 1.0, 300, 50.0, 20.0, 5.0, **_more(0, 0, 0, 0, 0, gcs=50))
-    more = _more(20000, 40, 2.0, 4.0, 250, ends=40, wait_s=0.8, tail_s=1.2, gcs=350, gc_s=0.15)
-    after = _snapshot(110.0, 1500, 8.0, 20000, 50, 1.5, 350, 3.0, 1300, 210.0, 29.0, 8.0, **more)
+    # The speech process's event loop woke a task due every 25 ms 400 times, 5 ms late on average, 6 times over 50
+    # ms; the gateway workers' loops 800 times in all, 1 ms late on average, never over 50 ms.
+    more = _more(0, 0, 0, 0, 0, gcs=50) | _loop_lag(100, 0.1, 1)
+    before = _snapshot(100.0, 500, 2.0, 4000, 10, 0.5, 100, 1.0, 300, 50.0, 20.0, 5.0, _loop_lag(20, 0.0, 0), **more)
+    more = _more(20000, 40, 2.0, 4.0, 250, ends=40, wait_s=0.8, tail_s=1.2, gcs=350, gc_s=0.15) | _loop_lag(500, 2.1, 7)
+    after = _snapshot(
+        110.0, 1500, 8.0, 20000, 50, 1.5, 350, 3.0, 1300, 210.0, 29.0, 8.0, _loop_lag(820, 0.8, 0), **more
+    )
     processes = Processes(frozenset({7}), frozenset({7}), frozenset({8, 9}))
     assert breakdown(before, after, processes) == {
         "wall_s": 10.0,
@@ -132,9 +146,13 @@ def test_the_breakdown_of_a_level_is_the_deltas_between_its_snapshots():
         "speech_gc_collections": 300,
         "speech_gc_pause_ms": 150.0,
         "speech_gc_pauses_over_25ms": 3,
+        "speech_loop_lag_ms_mean": 5.0,
+        "speech_loop_lags_over_50ms": 6,
         "gateway_cpu_s_per_s": 0.3,
         "gateway_cpu_ms_per_chunk": 3.0,
         "gateway_cpu_ms_per_audio_s": 18.75,
+        "gateway_loop_lag_ms_mean": 1.0,
+        "gateway_loop_lags_over_50ms": 0,
     }
 
 

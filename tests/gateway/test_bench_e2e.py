@@ -103,6 +103,9 @@ async def test_bench_tts_measures_rest_and_grpc_on_a_real_stack(start_gateway, r
         # A level allocates thousands of objects: the collector ran, and each of its pauses was timed.
         assert steps["speech_gc_collections"] > 0 and steps["speech_gc_pause_ms"] > 0, steps
         assert 0 <= steps["speech_gc_pauses_over_25ms"] <= steps["speech_gc_collections"], steps
+        # The event loops were watched all through the level (here the speech services' and the gateway's is one).
+        assert steps["speech_loop_lag_ms_mean"] >= 0 and steps["gateway_loop_lag_ms_mean"] >= 0, steps
+        assert steps["speech_loop_lags_over_50ms"] >= 0 and steps["gateway_loop_lags_over_50ms"] >= 0, steps
         # A stream's last frames may be decoded before its end of input arrives: then it has no time after it.
         end_wait_ms, end_tail_ms = steps["vocoder_end_wait_ms_mean"], steps["vocoder_end_tail_ms_mean"]
         assert (end_wait_ms, end_tail_ms) == (None, None) or 0 <= end_wait_ms <= end_tail_ms < 5000, steps
