@@ -41,7 +41,7 @@ class FrameLog:
         self.frame_times: list[float] = []
         self.last_frames_at: float | None = None  # when the latest frames came here (time.time())
         self.finished_at: float | None = None  # when the talker's Final came
-        self.talker_timings: dict[str, float] | None = None  # its Final's (`proto_convert.timings`)
+        self.talker_timings: common_pb2.Timings | None = None  # its Final's
         self._changed = asyncio.Event()
 
     @property
@@ -59,7 +59,7 @@ class FrameLog:
         if self.sink is not None:
             await self.sink.frames(offset, chunk.codes)
 
-    async def finish(self, talker_timings: dict[str, float] | None = None) -> None:
+    async def finish(self, talker_timings: common_pb2.Timings | None = None) -> None:
         self.is_finished = True
         self.finished_at = time.time()
         self.talker_timings = talker_timings

@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from chorus.gateway import proto_convert
 from chorus.gateway.failover import (
     DEFAULT_POLICY,
     FailoverPolicy,
@@ -147,7 +146,7 @@ class SegmentPipeline:
                 await writer  # surfaces a bad delta stream (the talker ended on our half-close)
                 # A fail-over's stream timed itself from its own start: only a first stream's are the segment's.
                 first_stream = request is self.request
-                await self.frames.finish(proto_convert.timings(output.final.usage.timings) if first_stream else None)
+                await self.frames.finish(output.final.usage.timings if first_stream else None)
                 await await_status(call)
                 return
             raise ReplicaFailed(f"talker {replica.target} ended the stream without a Final")

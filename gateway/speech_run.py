@@ -8,7 +8,8 @@ process continues from when it takes the run over: `frames`, one per segment). T
 record when its first audio's frames came from the talker (first_frame), its PCM from the vocoder (first_pcm)
 and its first bytes were journaled for readers (first_audio); and for its next few pieces, when each one's frames
 and PCM came and when it was journaled (frames_1, pcm_1, journaled_1, …); at its end, when the talker's last frames
-came (last_frame), then its Final (talker_done), and the vocoder's last PCM (last_pcm).
+came (last_frame), then its Final (talker_done), and the vocoder's last PCM (last_pcm); and, from the first segment's
+talker Final, when the talker admitted it (talker_admitted, on the talker's clock).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 
+from chorus.gateway import proto_convert
 from chorus.gateway.audio import StreamingEncoder
 from chorus.gateway.audio.encoder_threads import stream_order
 from chorus.gateway.frame_log import FrameLog
@@ -137,6 +139,9 @@ class SpeechRun(JournaledRun):
             self.mark("last_frame", log.last_frames_at)
             self.mark("talker_done", log.finished_at)
         self.mark("last_pcm")
+        first = self.frame_logs[0]
+        if not first.is_taken_over and first.talker_timings is not None and first.talker_timings.admitted_at_s:
+            self.mark("talker_admitted", first.talker_timings.admitted_at_s)
 
     def _encode_order(self, started_s: float, audio_s: float) -> tuple:
         """This run's place among its process's waiting encodes (`stream_order`), `audio_s` of audio encoded."""
@@ -196,5 +201,5 @@ class SpeechRun(JournaledRun):
         usage = {"audio_s": audio_s, "num_segments": len(self.segments), "last_sequence": sequence - 1}
         first = self.frame_logs[0]
         if first.talker_timings is not None and not first.is_taken_over:  # the first segment's, as TTFP's
-            usage["timings"] = first.talker_timings
+            usage["timings"] = proto_convert.timings(first.talker_timings)
         return usage

@@ -10,11 +10,13 @@ admission and start, and the client's TTFP, they split each sampled request's TT
   vocoder         → their PCM at the gateway (vocoder gRPC, first chunk's decode, back)
   encode_journal  → first bytes journaled (encoding, the journal's Redis write)
   client          the rest of the client's TTFP: sending the request, the bytes after the journal
-Where the record has the talker's own timings (`usage.timings` of its first segment's stream), `talker` is split
-further into (TALKER_STAGES, which add up to it):
-  talker_queue        the request's wait in the talker engine for its prefill (admitted there → prefilled)
+Where the record has the talker's own timings (`usage.timings` of its first segment's stream, and the
+`talker_admitted` mark, on the talker's clock: exact where the gateway and the talker share a host, as in the
+bench), `talker` is split further into (TALKER_STAGES, which add up to it):
+  talker_in           the request's way into the talker engine (gRPC, the talker's event loop, its prompt built)
+  talker_queue        its wait in the engine for its prefill
   talker_first_frame  → its first frame made (the prefill, the decode steps to the first frame)
-  talker_transit      the rest: the request's way to the engine and the frame's way back (gRPC, event loops)
+  talker_out          the frame's way back to the gateway (the talker's event loop, gRPC, the gateway's loop)
 `slowest_ttfp_stages` splits the level's slowest 5 % so (those past its TTFP p95): where its tail comes from.
 
 For the next few pieces a run marks when each one's frames came (`frames_<piece>`), its PCM (`pcm_<piece>`) and
@@ -43,7 +45,7 @@ from chorus.bench.metrics import RequestTiming, underruns
 
 SAMPLE = 32  # requests read per level, spread over it
 STAGES = ("admission", "start", "talker", "vocoder", "encode_journal", "client")
-TALKER_STAGES = ("talker_queue", "talker_first_frame", "talker_transit")
+TALKER_STAGES = ("talker_in", "talker_queue", "talker_first_frame", "talker_out")
 _MARKS = ("started_ms", "first_frame_ms", "first_pcm_ms", "first_audio_ms")
 LATENCY_STAGES = ("first_frame", "frames", "talker_final", "vocoder", "finish", "client")
 _END_MARKS = ("first_frame_ms", "last_frame_ms", "talker_done_ms", "last_pcm_ms", "finished_ms")
@@ -53,9 +55,9 @@ def ttfp_stages(
     ttfp_ms: float, timeline_ms: dict[str, float], talker_timings: dict[str, float] | None = None
 ) -> dict[str, float] | None:
     """One request's TTFP split into STAGES, from its record's timeline (ms since admission), and `talker` into
-    TALKER_STAGES too with the talker's own timings; None without the marks (a gateway that does not set them, a
-    run that failed before audio). Without `arrived_ms` the split has no `admission`, and `client` holds that
-    wait too."""
+    TALKER_STAGES too with the talker's own timings (`usage.timings`); None without the marks (a gateway that does
+    not set them, a run that failed before audio). Without `arrived_ms` the split has no `admission`, and `client`
+    holds that wait too."""
     if any(mark not in timeline_ms for mark in _MARKS):
         return None
     started, first_frame, first_pcm, first_audio = (timeline_ms[mark] for mark in _MARKS)
@@ -69,9 +71,10 @@ def ttfp_stages(
         ttfp_ms - first_audio - (admission or 0.0),
     )
     split = {stage: part for stage, part in zip(STAGES, parts, strict=True) if part is not None}
-    if talker_timings:
+    if talker_timings and "talker_admitted_ms" in timeline_ms:
         queue_ms, first_output_ms = talker_timings["queue_ms"], talker_timings["first_output_ms"]
-        talker_parts = (queue_ms, first_output_ms - queue_ms, split["talker"] - first_output_ms)
+        talker_in = timeline_ms["talker_admitted_ms"] - started
+        talker_parts = (talker_in, queue_ms, first_output_ms - queue_ms, split["talker"] - talker_in - first_output_ms)
         split |= dict(zip(TALKER_STAGES, talker_parts, strict=True))
     return split
 

@@ -134,10 +134,10 @@ class RequestRecord:
         )
 
     def timeline_ms(self) -> dict[str, float] | None:
-        """Milliseconds from admission to each stage the run marked, in order, between `started` and `finished`
-        (None for runs that mark none); `arrived`, when the request reached the gateway, comes first, negative (its
-        wait for admission). Stamps are wall-clock: a run taken over by a process on another host adds that host's
-        clock offset to its stages."""
+        """Milliseconds from admission to each stage the run marked, in time order, between `started` and
+        `finished` (None for runs that mark none); `arrived`, when the request reached the gateway, comes first,
+        negative (its wait for admission). Stamps are wall-clock: a run taken over by a process on another host adds
+        that host's clock offset to its stages, and a stage a backend stamped (`talker_admitted`) its host's."""
         if self.timeline is None:
             return None
         stages = dict(self.timeline)
@@ -145,7 +145,8 @@ class RequestRecord:
         stamps = {**arrived, "admitted": self.created_at_s, "started": self.started_at_s, **stages}
         stamps["finished"] = self.finished_at_s
         since_admission = {stage: at_s - self.created_at_s for stage, at_s in stamps.items() if at_s is not None}
-        return {f"{stage}_ms": round(elapsed_s * 1000, 1) for stage, elapsed_s in since_admission.items()}
+        in_order = sorted(since_admission.items(), key=lambda item: item[1])  # stable: ties keep the order reached
+        return {f"{stage}_ms": round(elapsed_s * 1000, 1) for stage, elapsed_s in in_order}
 
 
 class RunLost(ChorusError):

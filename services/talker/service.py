@@ -195,7 +195,10 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
             return (at - stream.admitted_at) * 1e3 if at is not None else 0.0
 
         timings = common_pb2.Timings(
-            queue_ms=ms(stream.scheduled_at), first_output_ms=ms(stream.first_frame_at), total_ms=ms(stream.finished_at)
+            queue_ms=ms(stream.scheduled_at),
+            first_output_ms=ms(stream.first_frame_at),
+            total_ms=ms(stream.finished_at),
+            admitted_at_s=stream.admitted_at_unix_s,
         )
         usage = common_pb2.Usage(
             input_tokens=stream.num_text_tokens,

@@ -30,6 +30,7 @@ class FrameStream:
         self.num_frames = 0  # frames this stream produced
         self.num_text_tokens = 0
         self.admitted_at = time.perf_counter()
+        self.admitted_at_unix_s = time.time()  # the same moment on the wall clock, for other processes' timelines
         self.scheduled_at: float | None = None
         self.scheduled_step: int | None = None  # the engine step that prefilled it
         self.steps_to_first_frame: int | None = None  # engine steps from that one to its first frame's (2 at best)
