@@ -206,12 +206,13 @@ class RequestView(BaseModel):
     progress: dict | None = Field(None, description="Text-to-audio: {step, num_steps} of the diffusion run.")
     timeline: dict | None = Field(
         None,
-        description="Milliseconds from admission to each stage of the run, in order: arrived_ms (when the request "
+        description="Milliseconds from admission to each stage of the run, in time order: arrived_ms (when the request "
         "reached the gateway, negative: its wait for admission), admitted_ms (0), started_ms, then text-to-audio's "
         "dispatched_ms (stream to a diffusion replica opened), first_step_ms (its first progress), engine_done_ms "
         "(its Final), encoded_ms, journaled_ms, or speech's first_frame_ms, first_pcm_ms, first_audio_ms (its first "
         "codec frames, PCM and journaled bytes) and, for its next three pieces of audio, frames_N_ms, pcm_N_ms and "
-        "journaled_N_ms (N = 1, 2, 3), and finished_ms. The service's own timings are in usage.timings "
+        "journaled_N_ms (N = 1, 2, 3), talker_admitted_ms (when the talker admitted it, on the talker's clock), and "
+        "finished_ms. The service's own timings are in usage.timings "
         "(queue_ms, first_output_ms, total_ms, from its admission there; speech: the talker's, for the first "
         "segment).",
     )
