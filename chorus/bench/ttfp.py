@@ -17,7 +17,7 @@ bench), `talker` is split further into (TALKER_STAGES, which add up to it):
   talker_queue        its wait in the engine for its prefill
   talker_first_frame  → its first frame made (the prefill, the decode steps to the first frame)
   talker_out          the frame's way back to the gateway (the talker's event loop, gRPC, the gateway's loop)
-`slowest_ttfp_stages` splits the level's slowest 5 % so (those past its TTFP p95): where its tail comes from.
+`slowest_ttfp_stages` splits the level's slowest 5 % alike (those past its TTFP p95): where its tail comes from.
 
 For the next few pieces a run marks when each one's frames came (`frames_<piece>`), its PCM (`pcm_<piece>`) and
 when it was journaled (`journaled_<piece>`): where a player ran dry, they say which part made the piece it waited

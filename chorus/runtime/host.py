@@ -69,9 +69,9 @@ class ServiceHost:
         self.config = config
         self.service = service
         self.health = health.aio.HealthServicer()
-        # grpc.aio accepts a server's calls one at a time, each after an event-loop round trip: a burst of 512 new
-        # streams (256 requests' talker and vocoder streams) took ~0.5 s to reach their handlers on an H200 host at
-        # 256 streams. Servers sharing the port each accept their connections' calls at once.
+        # grpc.aio accepts a server's calls one at a time, each after an event-loop round trip: the last of a burst of
+        # 512 new streams (256 requests' talker and vocoder streams) reached its handler up to ~0.6 s late on an H200
+        # host. Servers sharing the port each accept the calls of the connections the kernel gave them.
         reuse_port = int(service.shares_port or config.grpc_servers > 1)
         self.servers = [
             grpc.aio.server(
@@ -179,8 +179,8 @@ def run(config: ServiceConfig, build_service: Callable[[ServiceConfig], Service]
 
 
 def _unshared_port(host: str, port: int) -> int:
-    """`port` (0: a free one) once no socket holds it, not even one that shares its port (SO_REUSEPORT), which the
-    servers' own sockets would otherwise split the calls with: a backend refuses such a port."""
+    """`port` (0: a free one), checked free: OSError if any socket holds it, even one that shares its port
+    (SO_REUSEPORT), with which the servers' own sockets would otherwise split the calls."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC's: a closed connection's TIME_WAIT

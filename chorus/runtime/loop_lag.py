@@ -3,8 +3,9 @@
 A service's event loop relays every stream's messages. While it cannot run (one long callback, the GIL held by an
 engine thread, a burst of new streams to set up), every stream of the process waits, and a request that came then
 waits before its service even sees it. A task due every INTERVAL_S records how late it woke: the time anything
-due on the loop then waited. (On an H200 at 256 streams the slowest 5 % of requests spent 300–600 ms between the
-gateway and the talker engine, against ~15 ms queued in the engine: docs/performance-log.md, 2026-11-29.)
+due on the loop then waited. (On an H200 at 256 streams it put the speech process's loop 5–7 ms late on the mean
+and never over 50 ms, while the slowest requests spent up to 0.6 s on their way to the talker engine: the slow part
+was grpc.aio's intake of new calls, not the loop; docs/performance-log.md, 2026-11-29.)
 """
 
 from __future__ import annotations
