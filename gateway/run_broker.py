@@ -3,7 +3,8 @@ runs whose owner died, and hands its own over when it stops.
 
 Every run this process starts is queued in Redis as owned by it (`RunQueue.admit`). A loop renews
 the leases every `lease_s / 4` and, unless the process is draining, reclaims runs idle past the lease from
-any dead or hung process, continuing each from its journal (`continue_run`). A run this process lost (it
+any dead or hung process, continuing each from its journal (`continue_run`). A run that could not record its start
+(Redis failed) is released on the next tick, so it is run again the same way. A run this process lost (it
 was presumed dead while stopped, and another process took it) is stopped here without a trace. On SIGTERM
 (`hand_over`) the process stops its runs' production, marks their entries free for the taking, and its
 readers follow the runs' journals while other processes continue them. A drain first lets the loop's tick
@@ -21,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from chorus.gateway.journaled_run import HANDED_OVER, JournaledRun
 from chorus.gateway.metrics import RUNS_LOST, RUNS_TAKEN_OVER
-from chorus.gateway.runner import RunRegistry
+from chorus.gateway.runner import UNRECORDED, RunRegistry
 from chorus.gateway.state.connection import REDIS_ERRORS
 from chorus.gateway.state.runs import RunEntry, RunQueue
 from chorus.runtime.errors import ChorusError
@@ -39,6 +40,7 @@ class RunBroker:
         self.is_draining = False
         self._loop: asyncio.Task | None = None
         self._draining = asyncio.Event()  # wakes the loop from its wait between ticks
+        self._unrecorded: set[str] = set()  # entries of runs that ended unrecorded: released on the next tick
 
     @property
     def runner(self) -> str:
@@ -68,6 +70,12 @@ class RunBroker:
     def _ended(self, run: JournaledRun, task: asyncio.Task) -> None:
         if task.cancelled() or task.exception() is not None or task.result() == HANDED_OVER:
             return  # not over: whoever runs it next acknowledges it
+        if task.result() == UNRECORDED:
+            # Not over either, but this process's heartbeat would keep its lease, and so its readers waiting,
+            # forever: released, it is run again by the next reclaim (this process's, or another's).
+            if run.entry_id is not None:
+                self._unrecorded.add(run.entry_id)
+            return
         asyncio.get_running_loop().create_task(self._done(run))
 
     async def _done(self, run: JournaledRun) -> None:
@@ -83,12 +91,19 @@ class RunBroker:
         interval_s = self.queue.lease_s / 4
         while not self.is_draining:
             try:
+                await self._release_unrecorded()
                 await self._renew()
                 await self._reclaim(continue_run)
             except (ChorusError, *REDIS_ERRORS) as exc:
                 log.warning("run leases: %s; retrying", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._draining.wait(), interval_s)
+
+    async def _release_unrecorded(self) -> None:
+        if self._unrecorded:
+            entry_ids = sorted(self._unrecorded)
+            await self.queue.release(entry_ids)  # Redis still failing: tried again next tick
+            self._unrecorded.difference_update(entry_ids)
 
     async def _renew(self) -> None:
         runs = self.runs.live_runs()  # before the heartbeat: a run queued meanwhile is not in its answer
@@ -147,7 +162,7 @@ class RunBroker:
         for run in runs:
             self.runs.hand_over(run.request_id)
         await self.runs.stopped(run.request_id for run in runs)
-        await self.queue.release([run.entry_id for run in runs if run.entry_id is not None])
+        await self.queue.release([run.entry_id for run in runs if run.entry_id is not None] + sorted(self._unrecorded))
         if runs:
             log.info("handed %d runs over to the other gateway processes", len(runs))
         return len(runs)

@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator
 
 from chorus.gateway.journaled_run import JournaledRun
 from chorus.gateway.state.journal import JournalEntry, OutputJournal
-from chorus.gateway.state.requests import FAILED
 from chorus.runtime.errors import ChorusError
 from chorus.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger("chorus.gateway.run")
+UNRECORDED = "unrecorded"  # a run's end when Redis failed before it could record it: not over, to be run again
 
 
 class RunRegistry:
@@ -47,11 +47,13 @@ class RunRegistry:
 
     @staticmethod
     async def _run(run: JournaledRun, slot: contextlib.AsyncExitStack | None) -> str:
+        """The run's final status; UNRECORDED when Redis failed before the run could record it (its start: a
+        failure after it is recorded as the run's end), which leaves the run to be run again (`RunBroker`)."""
         try:
             return await run.run()
-        except ChorusError as exc:  # Redis failed while recording the outcome: readers see the journal stop
-            log.error("request %s: %s", run.request_id, exc)
-            return FAILED
+        except ChorusError as exc:
+            log.error("request %s: %s (cause: %r); to be run again", run.request_id, exc, exc.__cause__)
+            return UNRECORDED
         finally:
             if slot is not None:
                 await slot.aclose()

@@ -28,6 +28,7 @@ from chorus.gateway.state.connection import redis_guard
 
 log = logging.getLogger("chorus.gateway.runs")
 GROUP = "gateways"
+RELEASED = "released"  # the consumer holding entries handed over: no process's, so no heartbeat renews them
 
 # KEYS[1] runs stream, KEYS[2] request record, KEYS[3] idempotency key. ARGV: group, consumer, request id, spec,
 # record TTL, idempotency TTL (0: no key), then the record's field/value pairs. All or nothing: claims the key
@@ -160,13 +161,14 @@ class RunQueue:
         return entries
 
     async def release(self, entry_ids: list[str]) -> None:
-        """Hands entries over: marks them idle past any lease, so the next reclaim by any process takes them."""
+        """Hands entries over: marks them idle past any lease and owned by no process (this one's heartbeat would
+        renew them), so the next reclaim by any process, this one's included, takes them."""
         if not entry_ids:
             return
 
         async def command():
             idle_ms = 1000 * self.lease_ms
-            return await self.client.xclaim(self.stream, GROUP, self.consumer, 0, entry_ids, idle=idle_ms, justid=True)
+            return await self.client.xclaim(self.stream, GROUP, RELEASED, 0, entry_ids, idle=idle_ms, justid=True)
 
         await self._call("handing runs over", command)
 
