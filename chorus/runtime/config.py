@@ -40,7 +40,9 @@ class ServiceConfig:
     grpc_servers: int = option(
         4,
         "gRPC servers on the port (SO_REUSEPORT: the kernel spreads client connections over them). A grpc.aio server "
-        "accepts one new call per event-loop round trip; several admit a burst of new streams sooner.",
+        "accepts one new call per event-loop round trip; several admit a burst of new streams sooner. A port in use "
+        "is refused at start; with more than one, a process of the same user binding the port later with "
+        "SO_REUSEPORT could still join it.",
     )
 
 

@@ -106,10 +106,11 @@ class ServiceHost:
             await server.start()
         self.metrics_port = serve_metrics(self.config.host, self.config.metrics_port)
         log.info(
-            "%s listening on %s:%d (metrics port %s); warming up",
+            "%s listening on %s:%d (%d gRPC servers, metrics port %s); warming up",
             self.service.name,
             self.config.host,
             self.port,
+            len(self.servers),
             self.metrics_port,
         )
         await self.service.start()
