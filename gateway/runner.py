@@ -47,8 +47,8 @@ class RunRegistry:
 
     @staticmethod
     async def _run(run: JournaledRun, slot: contextlib.AsyncExitStack | None) -> str:
-        """The run's final status; UNRECORDED when Redis failed before the run could record it (its start: a
-        failure after it is recorded as the run's end), which leaves the run to be run again (`RunBroker`)."""
+        """The run's final status; UNRECORDED when Redis failed before the run could record its start (a later
+        failure is recorded as the run's end), which leaves the run to be run again (`RunBroker`)."""
         try:
             return await run.run()
         except ChorusError as exc:
