@@ -139,9 +139,13 @@ class SpeechRun(JournaledRun):
             self.mark("last_frame", log.last_frames_at)
             self.mark("talker_done", log.finished_at)
         self.mark("last_pcm")
+        if (timings := self._first_talker_timings()) is not None and timings.admitted_at_s:
+            self.mark("talker_admitted", timings.admitted_at_s)
+
+    def _first_talker_timings(self) -> common_pb2.Timings | None:
+        """The talker's own timings of the first segment (TTFP's), unless this process took the run over."""
         first = self.frame_logs[0]
-        if not first.is_taken_over and first.talker_timings is not None and first.talker_timings.admitted_at_s:
-            self.mark("talker_admitted", first.talker_timings.admitted_at_s)
+        return None if first.is_taken_over else first.talker_timings
 
     def _encode_order(self, started_s: float, audio_s: float) -> tuple:
         """This run's place among its process's waiting encodes (`stream_order`), `audio_s` of audio encoded."""
@@ -199,7 +203,6 @@ class SpeechRun(JournaledRun):
         if audio_s > 0:
             REAL_TIME_FACTOR.labels("speech").observe((time.monotonic() - started) / audio_s)
         usage = {"audio_s": audio_s, "num_segments": len(self.segments), "last_sequence": sequence - 1}
-        first = self.frame_logs[0]
-        if first.talker_timings is not None and not first.is_taken_over:  # the first segment's, as TTFP's
-            usage["timings"] = proto_convert.timings(first.talker_timings)
+        if (timings := self._first_talker_timings()) is not None:
+            usage["timings"] = proto_convert.timings(timings)
         return usage

@@ -82,11 +82,7 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
     """The level's figures from the snapshots around it. Busy fractions are per process (a replica's seconds
     busy over the wall seconds); a ratio with nothing to divide by is None."""
     wall_s = after.at_s - before.at_s
-    delta = {name: after.metrics.get(name, 0.0) - before.metrics.get(name, 0.0) for name in after.metrics}
-    gateway_delta = {
-        name: after.gateway_metrics.get(name, 0.0) - before.gateway_metrics.get(name, 0.0)
-        for name in after.gateway_metrics
-    }
+    delta, gateway_delta = _delta(before.metrics, after.metrics), _delta(before.gateway_metrics, after.gateway_metrics)
     steps = delta.get("chorus_talker_steps_total", 0.0)
     step_s = delta.get("chorus_talker_step_seconds_total", 0.0)
     prefills = delta.get("chorus_talker_prefills_total", 0.0)
@@ -151,6 +147,10 @@ def breakdown(before: Snapshot, after: Snapshot, processes: Processes) -> dict:
     if processes.gateway_pids & processes.speech_pids:
         figures["note"] = "the gateway and the speech services share a process: their CPU figures overlap"
     return figures
+
+
+def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: value - before.get(name, 0.0) for name, value in after.items()}
 
 
 def _loop_lag_figures(processes: str, delta: dict[str, float]) -> dict[str, float | None]:

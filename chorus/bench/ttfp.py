@@ -98,17 +98,21 @@ def latency_stages(latency_ms: float, timeline_ms: dict[str, float]) -> dict[str
     return dict(zip(LATENCY_STAGES, parts, strict=True))
 
 
+def _with_audio(timings: list[RequestTiming]) -> list[RequestTiming]:
+    """The requests with audio and an id (whose records can be read and split)."""
+    return [t for t in timings if t.error is None and t.first_audio_at is not None and t.request_id]
+
+
 def sampled(timings: list[RequestTiming], size: int = SAMPLE) -> list[RequestTiming]:
     """Up to `size` requests with audio and an id, evenly spread over the level."""
-    usable = [t for t in timings if t.error is None and t.first_audio_at is not None and t.request_id]
+    usable = _with_audio(timings)
     step = max(1, len(usable) // size)
     return usable[::step][:size]
 
 
 def slowest(timings: list[RequestTiming], share: float = 0.05, most: int = SAMPLE) -> list[RequestTiming]:
     """The slowest `share` of the requests with audio and an id, by TTFP (at least one, at most `most`)."""
-    usable = [t for t in timings if t.error is None and t.first_audio_at is not None and t.request_id]
-    usable.sort(key=lambda t: t.first_audio_at - t.sent_at, reverse=True)
+    usable = sorted(_with_audio(timings), key=lambda t: t.first_audio_at - t.sent_at, reverse=True)
     return usable[: min(most, max(1, round(share * len(usable))))]
 
 
