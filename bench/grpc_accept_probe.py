@@ -5,7 +5,7 @@ An experiment kept for its answer, not a serving path. A grpc.aio server accepts
 the core for a call, awaits it (an event-loop round trip), starts its handler, then asks for the next. A burst of
 256 speech requests opens 512 streams on the speech process (a talker and a vocoder stream each), so the last
 handler starts only after 512 such round trips, longer when the loop is busy relaying running streams. Here one
-process runs K servers on one port (SO_REUSEPORT, as `ServiceHost` with `grpc_servers` K), with and without
+process runs K servers on one port (SO_REUSEPORT, as `ServiceHost` did with `grpc_servers` K), with and without
 its loop kept busy by short callbacks; another process opens 512 bidi streams at once over 16 connections (as 16
 gateway workers do) and each sends one message. Reported: when each handler started, from the burst's start
 (p50, p95, last), per K and load, over `--rounds` rounds. Writes `bench/results/grpc-accept-<stamp>.json`.
@@ -14,8 +14,10 @@ Answer (the 2-core CPU box, grpcio 1.85, client and server sharing its two cores
 three rounds): with the server's loop otherwise idle, the last of the 512 handlers started after 348, 416, 375 ms
 with one server and 128, 285, 341 ms with four (p50 215–245 against 73–238 ms); with its loop kept busy the two
 were alike (last 718–985 against 759–964 ms): there the box's two cores, not the intake, were the limit. On an H200
-host (16 cores) the speech stack's slowest 5 % of requests at 256 streams spent 167–607 ms on their way into the
-talker engine with one server, 88–246 ms with four (docs/performance-log.md, 2026-11-29).
+host (16 cores), though, four servers on the speech port did not shorten the speech stack's tail at 256 streams: in
+three alternating rounds of two stacks on one H200 the slowest 5 % spent 298–732 ms on their way into the talker
+engine with four servers, 158–456 ms with one, and `grpc_servers` was taken out again (docs/performance-log.md,
+2026-11-29, thirty-third session).
 """
 
 from __future__ import annotations

@@ -37,13 +37,6 @@ class ServiceConfig:
     log_level: str = option("info", "Log level.", choices=("debug", "info", "warning", "error"))
     log_format: str = option("text", "Log line format.", choices=("text", "json"))
     max_message_bytes: int = option(16 * 1024 * 1024, "Largest gRPC message accepted or sent.")
-    grpc_servers: int = option(
-        4,
-        "gRPC servers on the port (SO_REUSEPORT: the kernel spreads client connections over them). A grpc.aio server "
-        "accepts one new call per event-loop round trip; several admit a burst of new streams sooner. A port in use "
-        "is refused at start; with more than one, a process of the same user binding the port later with "
-        "SO_REUSEPORT could still join it.",
-    )
 
 
 def flag_name(field: dataclasses.Field) -> str:

@@ -18,7 +18,6 @@ import gc
 import logging
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable
 
@@ -64,53 +63,35 @@ class Service(abc.ABC):
 
 class ServiceHost:
     def __init__(self, config: ServiceConfig, service: Service) -> None:
-        if config.grpc_servers < 1:
-            raise ValueError(f"grpc_servers: must be at least 1, got {config.grpc_servers}")
         self.config = config
         self.service = service
         self.health = health.aio.HealthServicer()
-        # grpc.aio accepts a server's calls one at a time, each after an event-loop round trip: the last of a burst of
-        # 512 new streams (256 requests' talker and vocoder streams) reached its handler up to ~0.6 s late on an H200
-        # host. Servers sharing the port each accept the calls of the connections the kernel gave them.
-        reuse_port = int(service.shares_port or config.grpc_servers > 1)
-        self.servers = [
-            grpc.aio.server(
-                interceptors=[ErrorBoundary(service.name)],
-                options=[*server_options(config.max_message_bytes), ("grpc.so_reuseport", reuse_port)],
-            )
-            for _ in range(config.grpc_servers)
-        ]
+        self.server = grpc.aio.server(
+            interceptors=[ErrorBoundary(service.name)],
+            options=[*server_options(config.max_message_bytes), ("grpc.so_reuseport", int(service.shares_port))],
+        )
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._loop_lag: asyncio.Task | None = None
 
     async def start(self) -> None:
+        self.service.register(self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (*self.service.grpc_services, health.SERVICE_NAME, reflection.SERVICE_NAME)
-        for server in self.servers:
-            self.service.register(server)
-            health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-            reflection.enable_server_reflection(names, server)
+        reflection.enable_server_reflection(names, self.server)
         await self._set_serving(False)
-        host, port = self.config.host, self.config.port
+        address = f"{self.config.host}:{self.config.port}"
         try:
-            if not self.service.shares_port:
-                port = _unshared_port(host, port)
-            for server in self.servers:
-                port = server.add_insecure_port(f"{host}:{port}")  # port 0: the first server's, for the others too
-        except (OSError, RuntimeError) as exc:  # grpc says only "Failed to bind"
-            raise RuntimeError(
-                f"{self.service.name} cannot listen on {host}:{self.config.port} (in use?): {exc}"
-            ) from None
-        self.port = port
-        for server in self.servers:
-            await server.start()
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc says only "Failed to bind"
+            raise RuntimeError(f"{self.service.name} cannot listen on {address} (in use?): {exc}") from None
+        await self.server.start()
         self.metrics_port = serve_metrics(self.config.host, self.config.metrics_port)
         log.info(
-            "%s listening on %s:%d (%d gRPC servers, metrics port %s); warming up",
+            "%s listening on %s:%d (metrics port %s); warming up",
             self.service.name,
             self.config.host,
             self.port,
-            len(self.servers),
             self.metrics_port,
         )
         await self.service.start()
@@ -135,15 +116,11 @@ class ServiceHost:
         try:
             await self.service.drain()
         finally:  # a failed drain still stops the calls and frees the service's resources; its error goes on up
-            await self.stop_servers(self.config.grace_s)
+            await self.server.stop(self.config.grace_s)
             await self.service.close()
             if self._loop_lag is not None:
                 await cancel_and_wait([self._loop_lag], "loop lag watch")
         log.info("%s stopped", self.service.name)
-
-    async def stop_servers(self, grace_s: float | None) -> None:
-        """Stops taking calls and ends those in flight within `grace_s` (None: at once)."""
-        await asyncio.gather(*(server.stop(grace_s) for server in self.servers))
 
     async def _set_serving(self, is_serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if is_serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -177,13 +154,3 @@ def run(config: ServiceConfig, build_service: Callable[[ServiceConfig], Service]
         await ServiceHost(config, build_service(config)).serve_until_signalled()
 
     uvloop.run(main())
-
-
-def _unshared_port(host: str, port: int) -> int:
-    """`port` (0: a free one), checked free: OSError if any socket holds it, even one that shares its port
-    (SO_REUSEPORT), with which the servers' own sockets would otherwise split the calls."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC's: a closed connection's TIME_WAIT
-        probe.bind((host, port))
-        return probe.getsockname()[1]

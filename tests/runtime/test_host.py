@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from pathlib import Path
 
 import grpc
 import httpx
@@ -226,25 +225,6 @@ async def test_a_service_does_not_start_on_a_port_another_process_shares():
         host = ServiceHost(ServiceConfig(port=port, metrics_port=-1), TickerService())
         with pytest.raises(RuntimeError, match=f"ticker cannot listen on 127.0.0.1:{port}"):
             await asyncio.wait_for(host.start(), timeout=10)  # bound it: started, it would wait to warm up
-        await host.stop_servers(None)
+        await host.server.stop(None)
     finally:
         holder.close()
-
-
-async def test_several_servers_share_the_port_and_every_one_serves(host):
-    """`grpc_servers` servers listen on the one port (SO_REUSEPORT); the kernel spreads connections over them, and a
-    call on any connection is served (a server that never started would leave its connections' calls hanging)."""
-    host, service, starting = host
-    service.warm.set()
-    await starting
-    # (gRPC binds an IPv4 address with an IPv6 socket, v4-mapped: it is in either table.)
-    rows = [row.split() for table in ("tcp", "tcp6") for row in Path(f"/proc/net/{table}").read_text().splitlines()[1:]]
-    listening = [row for row in rows if row[3] == "0A" and int(row[1].rsplit(":", 1)[1], 16) == host.port]
-    assert len(listening) == len(host.servers) == ServiceConfig().grpc_servers == 4
-    # 24 connections of their own: all four servers get one but with probability 1 - 4 × (3/4)^24 ≈ 99.6 %.
-    local = [("grpc.use_local_subchannel_pool", 1)]
-    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{host.port}", options=local) for _ in range(24)]
-    try:
-        assert await asyncio.gather(*(health_status(channel) for channel in channels)) == [SERVING] * 24
-    finally:
-        await asyncio.gather(*(channel.close() for channel in channels))
