@@ -24,6 +24,12 @@
 #              through the stack's gateway, then through formats-ab's second gateway (WORKERS_B × ENCODER_THREADS_B,
 #              default 4 × 4), ROUNDS times (default 2) alternating, on one stack: whether the gateway's shape moves
 #              them; one archive gateways-ab-*.tgz
+#   stacks-ab  two speech stacks side by side on the one GPU, one with the settings STACK_A and one with STACK_B (each
+#              "VAR=value …", e.g. STACK_B="CHORUS_SPEECH_…=…"; REST 8000 / 8001, each with its own Redis, a KV pool
+#              of KV_POSITIONS, default 131072, as both size theirs at once), then the speech levels (TTS_LEVELS,
+#              default 64,256; TRANSPORT, default both; REQUESTS a level if set) through A, then B, ROUNDS times
+#              (default 3): a setting of the speech process compared on one machine after one start, the other stack
+#              idle meanwhile; one archive stacks-ab-*.tgz
 #   e2e        tts, then formats' pcm, mp3 and opus, then diffusion, all on one stack (the three stages' figures for one
 #              stack start), in one archive e2e-*.tgz
 #   sustained  the speech stack, both transports at 64 for 1024 requests (steady quarters and memory per level)
@@ -44,7 +50,7 @@
 # GPU memory) unless TALKER_SLOTS / KV_POSITIONS say otherwise; each stream may still reach the default 4608
 # positions (256 × 4608 would take 135 GB at 0.6B; the pool preempts and resumes streams exactly when it runs dry).
 set -euo pipefail
-stage=${1:?usage: bench/gpu_wave.sh tests|engines|tts|formats|formats-ab|gateways-ab|e2e|sustained|long|profile|diffusion|peers OUT}
+stage=${1:?usage: bench/gpu_wave.sh tests|engines|tts|formats|formats-ab|gateways-ab|stacks-ab|e2e|sustained|long|profile|diffusion|peers OUT}
 out=${2:?usage: bench/gpu_wave.sh STAGE OUT}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -79,7 +85,8 @@ start_stack() {  # chorus up [flags]: in the background until this script exits;
   fi
   "${cli[@]}" up --timeout-s 420 "$@" >"$logs/up.log" 2>&1 &  # not through the function: $! must be chorus up itself, to stop it
   stack=$!
-  trap 'kill $stack 2>/dev/null; wait $stack 2>/dev/null; cp "$logs"/up.log "$out"/ 2>/dev/null || true' EXIT
+  # `|| true`: errexit holds in a trap too, and a stack that already ended fails the kill (its log still wanted)
+  trap 'kill $stack 2>/dev/null || true; wait $stack 2>/dev/null || true; cp "$logs"/up.log "$out"/ 2>/dev/null || true' EXIT
   for _ in $(seq 420); do
     curl -sf http://127.0.0.1:8000/ready >/dev/null && { echo "stack ready after ${SECONDS} s" >&2; return; }
     kill -0 $stack 2>/dev/null || { tail -50 "$logs/up.log" >&2; exit 1; }
@@ -101,7 +108,8 @@ start_gateway_b() {  # a second gateway on 8001/50070: the stack's gateway setti
     CHORUS_GATEWAY_WORKERS=${WORKERS_B:-4} CHORUS_GATEWAY_ENCODER_THREADS=${ENCODER_THREADS_B:-4} \
     "${cli[@]}" serve gateway >"$logs/gateway-b.log" 2>&1 &
   gateway_b=$!
-  trap 'kill $gateway_b $stack 2>/dev/null; wait $gateway_b $stack 2>/dev/null; cp "$logs"/*.log "$out"/ 2>/dev/null || true' EXIT
+  trap 'kill $gateway_b $stack 2>/dev/null || true; wait $gateway_b $stack 2>/dev/null || true
+    cp "$logs"/*.log "$out"/ 2>/dev/null || true' EXIT
   for _ in $(seq 60); do curl -sf http://127.0.0.1:8001/ready >/dev/null && return; sleep 1; done
   echo "gateway B not ready after 60 s" >&2; tail -20 "$logs/gateway-b.log" >&2; exit 1
 }
@@ -165,6 +173,38 @@ case $stage in
         cp "$logs"/*.log "$out"/ 2>/dev/null || true
         tar czf "$archive" -C "$out" .  # each level's results (and the stack's logs) as soon as they exist
       done
+    done
+    ;;
+  stacks-ab)
+    export CHORUS_TALKER_KV_CACHE_POSITIONS=${KV_POSITIONS:-131072}
+    archive=$out/stacks-ab-$(date +%Y%m%d-%H%M%S).tgz out=$logs/stacks-ab
+    mkdir -p "$out"
+    # Not through a function: $! must be each `chorus up` itself, to stop it (env execs it in place).
+    env ${STACK_A:-} "${cli[@]}" up --timeout-s 500 --speech-in-one-process --rest-port 8000 --grpc-port-base 50050 \
+      --redis-dir "$logs/redis-a" >"$out/up-a.log" 2>&1 &
+    stack_a=$!
+    env ${STACK_B:-} "${cli[@]}" up --timeout-s 500 --speech-in-one-process --rest-port 8001 --grpc-port-base 50150 \
+      --redis-dir "$logs/redis-b" >"$out/up-b.log" 2>&1 &
+    stack_b=$!
+    trap 'kill $stack_a $stack_b 2>/dev/null || true; wait $stack_a $stack_b 2>/dev/null || true
+      tar czf "$archive" -C "$out" .' EXIT  # also when a stack failed to start: its log
+    both_ready() { curl -sf http://127.0.0.1:8000/ready >/dev/null && curl -sf http://127.0.0.1:8001/ready >/dev/null; }
+    for _ in $(seq 500); do
+      both_ready && break
+      if ! kill -0 $stack_a 2>/dev/null || ! kill -0 $stack_b 2>/dev/null; then
+        echo "a stack ended before both were ready" >&2; tail -n 20 "$out"/up-*.log >&2; exit 1
+      fi
+      sleep 1
+    done
+    both_ready || { echo "the stacks were not both ready after 500 s" >&2; tail -n 20 "$out"/up-*.log >&2; exit 1; }
+    echo "both stacks ready after ${SECONDS} s" >&2
+    flags=(--transport "${TRANSPORT:-both}" --concurrency "${TTS_LEVELS:-64,256}")
+    flags+=(${REQUESTS:+--requests-per-level $REQUESTS})
+    for round in $(seq "${ROUNDS:-3}"); do
+      bench_tts "${flags[@]}" --label "$label, A (${STACK_A:-as is}), round $round"
+      bench_tts "${flags[@]}" --label "$label, B (${STACK_B:-as is}), round $round" \
+        --url http://127.0.0.1:8001 --grpc-target 127.0.0.1:50150
+      tar czf "$archive" -C "$out" .  # each round's results as soon as they exist
     done
     ;;
   e2e)  # tts, formats and diffusion on one stack: one start (~2 min of device time) instead of three
