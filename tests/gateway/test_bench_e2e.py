@@ -258,6 +258,18 @@ def test_diffusion_targets_are_issue_20s_and_a_failed_request_misses_them():
     assert not any(check["met"] for check in diffusion.check_targets([level(1, 0.5, 1.0, completed=0)]))
 
 
+def test_speech_targets_are_pcms_and_an_encoded_format_is_not_held_to_them():
+    def level(audio_format: str) -> dict:
+        return {"transport": "rest", "concurrency": 64, "format": audio_format, "audio_s_per_s": 650.0,
+                "ttfp_ms": {"p95": 200.0}, "underrun_events": 0}  # fmt: skip
+
+    checks = tts.check_targets([level("pcm")])
+    assert [(c["metric"], c["met"]) for c in checks] == [
+        ("audio_s_per_s", False), ("ttfp_ms.p95", True), ("underrun_events", True),
+    ]  # fmt: skip
+    assert tts.check_targets([level("mp3"), level("opus")]) == []
+
+
 def test_an_unreachable_gateway_is_one_line_and_exit_1(tmp_path, capsys):
     args = _args(["bench", "tts", "--url", "http://127.0.0.1:9", "--out", str(tmp_path)])
     assert args.handler(args) == 1
