@@ -9,7 +9,7 @@ record when its first audio's frames came from the talker (first_frame), its PCM
 and its first bytes were journaled for readers (first_audio); and for its next few pieces, when each one's frames
 and PCM came and when it was journaled (frames_1, pcm_1, journaled_1, …); at its end, when the talker's last frames
 came (last_frame), then its Final (talker_done), and the vocoder's last PCM (last_pcm); and, from the first segment's
-talker Final, when the talker admitted it (talker_admitted, on the talker's clock).
+talker Final, when the talker took the call in (talker_received) and admitted it (talker_admitted), on its clock.
 """
 
 from __future__ import annotations
@@ -140,6 +140,8 @@ class SpeechRun(JournaledRun):
             self.mark("talker_done", log.finished_at)
         self.mark("last_pcm")
         if (timings := self._first_talker_timings()) is not None and timings.admitted_at_s:
+            if timings.received_at_s:
+                self.mark("talker_received", timings.received_at_s)
             self.mark("talker_admitted", timings.admitted_at_s)
 
     def _first_talker_timings(self) -> common_pb2.Timings | None:

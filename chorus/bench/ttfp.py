@@ -11,9 +11,10 @@ admission and start, and the client's TTFP, they split each sampled request's TT
   encode_journal  → first bytes journaled (encoding, the journal's Redis write)
   client          the rest of the client's TTFP: sending the request, the bytes after the journal
 Where the record has the talker's own timings (`usage.timings` of its first segment's stream, and the
-`talker_admitted` mark, on the talker's clock: exact where the gateway and the talker share a host, as in the
-bench), `talker` is split further into (TALKER_STAGES, which add up to it):
-  talker_in           the request's way into the talker engine (gRPC, the talker's event loop, its prompt built)
+`talker_received` and `talker_admitted` marks, on the talker's clock: exact where the gateway and the talker share a
+host, as in the bench), `talker` is split further into (TALKER_STAGES, which add up to it):
+  talker_accept       the call's way to the talker's handler (the gateway's call, gRPC, the talker's intake of it)
+  talker_submit       → admitted to the talker engine (its first message read, its prompt built)
   talker_queue        its wait in the engine for its prefill
   talker_first_frame  → its first frame made (the prefill, the decode steps to the first frame)
   talker_out          the frame's way back to the gateway (the talker's event loop, gRPC, the gateway's loop)
@@ -45,7 +46,8 @@ from chorus.bench.metrics import RequestTiming, underruns
 
 SAMPLE = 32  # requests read per level, spread over it
 STAGES = ("admission", "start", "talker", "vocoder", "encode_journal", "client")
-TALKER_STAGES = ("talker_in", "talker_queue", "talker_first_frame", "talker_out")
+TALKER_STAGES = ("talker_accept", "talker_submit", "talker_queue", "talker_first_frame", "talker_out")
+_TALKER_MARKS = ("talker_received_ms", "talker_admitted_ms")
 _MARKS = ("started_ms", "first_frame_ms", "first_pcm_ms", "first_audio_ms")
 LATENCY_STAGES = ("first_frame", "frames", "talker_final", "vocoder", "finish", "client")
 _END_MARKS = ("first_frame_ms", "last_frame_ms", "talker_done_ms", "last_pcm_ms", "finished_ms")
@@ -71,10 +73,16 @@ def ttfp_stages(
         ttfp_ms - first_audio - (admission or 0.0),
     )
     split = {stage: part for stage, part in zip(STAGES, parts, strict=True) if part is not None}
-    if talker_timings and "talker_admitted_ms" in timeline_ms:
+    if talker_timings and all(mark in timeline_ms for mark in _TALKER_MARKS):
         queue_ms, first_output_ms = talker_timings["queue_ms"], talker_timings["first_output_ms"]
-        talker_in = timeline_ms["talker_admitted_ms"] - started
-        talker_parts = (talker_in, queue_ms, first_output_ms - queue_ms, split["talker"] - talker_in - first_output_ms)
+        received, admitted = (timeline_ms[mark] - started for mark in _TALKER_MARKS)
+        talker_parts = (
+            received,
+            admitted - received,
+            queue_ms,
+            first_output_ms - queue_ms,
+            split["talker"] - admitted - first_output_ms,
+        )
         split |= dict(zip(TALKER_STAGES, talker_parts, strict=True))
     return split
 

@@ -24,33 +24,33 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63horus/v1/common.proto\x12\tchorus.v1\"]\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x17\n\x0f\x66irst_output_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\x12\x15\n\radmitted_at_s\x18\x04 \x01(\x01\"z\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x12\n\nnum_frames\x18\x02 \x01(\r\x12\x0f\n\x07\x61udio_s\x18\x03 \x01(\x01\x12\x11\n\tnum_steps\x18\x04 \x01(\r\x12#\n\x07timings\x18\x05 \x01(\x0b\x32\x12.chorus.v1.Timings\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"r\n\x05\x46inal\x12\'\n\x06reason\x18\x01 \x01(\x0e\x32\x17.chorus.v1.FinishReason\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.chorus.v1.Usage\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.chorus.v1.Error\"n\n\nCodecChunk\x12\r\n\x05\x63odes\x18\x01 \x01(\x0c\x12\x12\n\nnum_frames\x18\x02 \x01(\r\x12\x15\n\rnum_codebooks\x18\x03 \x01(\r\x12\x10\n\x08sequence\x18\x04 \x01(\x04\x12\x14\n\x0c\x66rame_offset\x18\x05 \x01(\x04\"\x98\x01\n\x08PcmChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x16\n\x0esample_rate_hz\x18\x02 \x01(\r\x12\x14\n\x0cnum_channels\x18\x03 \x01(\r\x12\'\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x17.chorus.v1.SampleFormat\x12\x10\n\x08sequence\x18\x05 \x01(\x04\x12\x15\n\rsample_offset\x18\x06 \x01(\x04\"+\n\x08Progress\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x11\n\tnum_steps\x18\x02 \x01(\r\"`\n\nLoadReport\x12\x14\n\x0clive_streams\x18\x01 \x01(\r\x12\x12\n\nfree_slots\x18\x02 \x01(\r\x12\x13\n\x0bqueue_depth\x18\x03 \x01(\r\x12\x13\n\x0bis_draining\x18\x04 \x01(\x08\"\x10\n\x0eGetLoadRequest*\xb4\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x1c\n\x18\x46INISH_REASON_MAX_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x12\x1a\n\x16\x46INISH_REASON_COMPLETE\x10\x05*g\n\x0cSampleFormat\x12\x1d\n\x19SAMPLE_FORMAT_UNSPECIFIED\x10\x00\x12\x1b\n\x17SAMPLE_FORMAT_PCM_S16LE\x10\x01\x12\x1b\n\x17SAMPLE_FORMAT_PCM_F32LE\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63horus/v1/common.proto\x12\tchorus.v1\"t\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x17\n\x0f\x66irst_output_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\x12\x15\n\radmitted_at_s\x18\x04 \x01(\x01\x12\x15\n\rreceived_at_s\x18\x05 \x01(\x01\"z\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x12\n\nnum_frames\x18\x02 \x01(\r\x12\x0f\n\x07\x61udio_s\x18\x03 \x01(\x01\x12\x11\n\tnum_steps\x18\x04 \x01(\r\x12#\n\x07timings\x18\x05 \x01(\x0b\x32\x12.chorus.v1.Timings\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"r\n\x05\x46inal\x12\'\n\x06reason\x18\x01 \x01(\x0e\x32\x17.chorus.v1.FinishReason\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.chorus.v1.Usage\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.chorus.v1.Error\"n\n\nCodecChunk\x12\r\n\x05\x63odes\x18\x01 \x01(\x0c\x12\x12\n\nnum_frames\x18\x02 \x01(\r\x12\x15\n\rnum_codebooks\x18\x03 \x01(\r\x12\x10\n\x08sequence\x18\x04 \x01(\x04\x12\x14\n\x0c\x66rame_offset\x18\x05 \x01(\x04\"\x98\x01\n\x08PcmChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x16\n\x0esample_rate_hz\x18\x02 \x01(\r\x12\x14\n\x0cnum_channels\x18\x03 \x01(\r\x12\'\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x17.chorus.v1.SampleFormat\x12\x10\n\x08sequence\x18\x05 \x01(\x04\x12\x15\n\rsample_offset\x18\x06 \x01(\x04\"+\n\x08Progress\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x11\n\tnum_steps\x18\x02 \x01(\r\"`\n\nLoadReport\x12\x14\n\x0clive_streams\x18\x01 \x01(\r\x12\x12\n\nfree_slots\x18\x02 \x01(\r\x12\x13\n\x0bqueue_depth\x18\x03 \x01(\r\x12\x13\n\x0bis_draining\x18\x04 \x01(\x08\"\x10\n\x0eGetLoadRequest*\xb4\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x1c\n\x18\x46INISH_REASON_MAX_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x12\x1a\n\x16\x46INISH_REASON_COMPLETE\x10\x05*g\n\x0cSampleFormat\x12\x1d\n\x19SAMPLE_FORMAT_UNSPECIFIED\x10\x00\x12\x1b\n\x17SAMPLE_FORMAT_PCM_S16LE\x10\x01\x12\x1b\n\x17SAMPLE_FORMAT_PCM_F32LE\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'chorus.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=841
-  _globals['_FINISHREASON']._serialized_end=1021
-  _globals['_SAMPLEFORMAT']._serialized_start=1023
-  _globals['_SAMPLEFORMAT']._serialized_end=1126
+  _globals['_FINISHREASON']._serialized_start=864
+  _globals['_FINISHREASON']._serialized_end=1044
+  _globals['_SAMPLEFORMAT']._serialized_start=1046
+  _globals['_SAMPLEFORMAT']._serialized_end=1149
   _globals['_TIMINGS']._serialized_start=37
-  _globals['_TIMINGS']._serialized_end=130
-  _globals['_USAGE']._serialized_start=132
-  _globals['_USAGE']._serialized_end=254
-  _globals['_ERROR']._serialized_start=256
-  _globals['_ERROR']._serialized_end=294
-  _globals['_FINAL']._serialized_start=296
-  _globals['_FINAL']._serialized_end=410
-  _globals['_CODECCHUNK']._serialized_start=412
-  _globals['_CODECCHUNK']._serialized_end=522
-  _globals['_PCMCHUNK']._serialized_start=525
-  _globals['_PCMCHUNK']._serialized_end=677
-  _globals['_PROGRESS']._serialized_start=679
-  _globals['_PROGRESS']._serialized_end=722
-  _globals['_LOADREPORT']._serialized_start=724
-  _globals['_LOADREPORT']._serialized_end=820
-  _globals['_GETLOADREQUEST']._serialized_start=822
-  _globals['_GETLOADREQUEST']._serialized_end=838
+  _globals['_TIMINGS']._serialized_end=153
+  _globals['_USAGE']._serialized_start=155
+  _globals['_USAGE']._serialized_end=277
+  _globals['_ERROR']._serialized_start=279
+  _globals['_ERROR']._serialized_end=317
+  _globals['_FINAL']._serialized_start=319
+  _globals['_FINAL']._serialized_end=433
+  _globals['_CODECCHUNK']._serialized_start=435
+  _globals['_CODECCHUNK']._serialized_end=545
+  _globals['_PCMCHUNK']._serialized_start=548
+  _globals['_PCMCHUNK']._serialized_end=700
+  _globals['_PROGRESS']._serialized_start=702
+  _globals['_PROGRESS']._serialized_end=745
+  _globals['_LOADREPORT']._serialized_start=747
+  _globals['_LOADREPORT']._serialized_end=843
+  _globals['_GETLOADREQUEST']._serialized_start=845
+  _globals['_GETLOADREQUEST']._serialized_end=861
 # @@protoc_insertion_point(module_scope)

@@ -31,16 +31,18 @@ SAMPLE_FORMAT_PCM_S16LE: SampleFormat
 SAMPLE_FORMAT_PCM_F32LE: SampleFormat
 
 class Timings(_message.Message):
-    __slots__ = ("queue_ms", "first_output_ms", "total_ms", "admitted_at_s")
+    __slots__ = ("queue_ms", "first_output_ms", "total_ms", "admitted_at_s", "received_at_s")
     QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     FIRST_OUTPUT_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_AT_S_FIELD_NUMBER: _ClassVar[int]
     queue_ms: float
     first_output_ms: float
     total_ms: float
     admitted_at_s: float
-    def __init__(self, queue_ms: _Optional[float] = ..., first_output_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., admitted_at_s: _Optional[float] = ...) -> None: ...
+    received_at_s: float
+    def __init__(self, queue_ms: _Optional[float] = ..., first_output_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., admitted_at_s: _Optional[float] = ..., received_at_s: _Optional[float] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("input_tokens", "num_frames", "audio_s", "num_steps", "timings")

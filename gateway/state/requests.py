@@ -137,7 +137,8 @@ class RequestRecord:
         """Milliseconds from admission to each stage the run marked, in time order, between `started` and
         `finished` (None for runs that mark none); `arrived`, when the request reached the gateway, comes first,
         negative (its wait for admission). Stamps are wall-clock: a run taken over by a process on another host adds
-        that host's clock offset to its stages, and a stage a backend stamped (`talker_admitted`) its host's."""
+        that host's clock offset to its stages, and a stage a backend stamped (`talker_received`, `talker_admitted`)
+        its host's."""
         if self.timeline is None:
             return None
         stages = dict(self.timeline)

@@ -138,6 +138,7 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
         return stream, (_PendingSpeakerVector(audio_key, voice) if ref_audio is not None else None)
 
     async def Synthesize(self, request_iterator, context):
+        received_at_s = time.time()  # the call taken in (its way here: `chorus bench tts` splits a request's TTFP)
         engine = self.service.require_engine()
         messages = aiter(request_iterator)
         first = await anext(messages, None)
@@ -170,7 +171,7 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
             if not stream.finished:
                 engine.abort(request.request_id)  # client gone, deadline passed or bad input: free the slot
             await cancel_and_join(feeder, "text feeder")
-        yield talker_pb2.SynthesizeOutput(final=self._final(stream))
+        yield talker_pb2.SynthesizeOutput(final=self._final(stream, received_at_s))
 
     async def _feed_text(self, engine: TalkerEngine, request: talker_pb2.SynthesisRequest, messages) -> None:
         """Streaming text input: deltas go to the engine until end_of_input (or the client half-closes)."""
@@ -190,7 +191,7 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
         engine.end_text(request.request_id)
 
     @staticmethod
-    def _final(stream: FrameStream) -> common_pb2.Final:
+    def _final(stream: FrameStream, received_at_s: float) -> common_pb2.Final:
         def ms(at: float | None) -> float:
             return (at - stream.admitted_at) * 1e3 if at is not None else 0.0
 
@@ -199,6 +200,7 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
             first_output_ms=ms(stream.first_frame_at),
             total_ms=ms(stream.finished_at),
             admitted_at_s=stream.admitted_at_unix_s,
+            received_at_s=received_at_s,
         )
         usage = common_pb2.Usage(
             input_tokens=stream.num_text_tokens,
