@@ -268,7 +268,7 @@ TARGETS = (  # (concurrency, metric path, bound, "max" or "min"): issue 18's tar
 
 def check_targets(levels: list[dict]) -> list[dict]:
     """Each target against every measured pcm level of its concurrency (per transport). The targets are pcm's: an
-    encoded format's throughput is judged against pcm's on the same stack (within 10 %), not against them."""
+    encoded format's throughput is judged against pcm's on the same stack (within 10 %), not against these bounds."""
     checks = []
     for concurrency, path, bound, kind in TARGETS:
         for level in (level for level in levels if level["concurrency"] == concurrency and level["format"] == "pcm"):
