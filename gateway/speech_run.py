@@ -139,10 +139,10 @@ class SpeechRun(JournaledRun):
             self.mark("last_frame", log.last_frames_at)
             self.mark("talker_done", log.finished_at)
         self.mark("last_pcm")
-        if (timings := self._first_talker_timings()) is not None and timings.admitted_at_s:
-            if timings.received_at_s:
-                self.mark("talker_received", timings.received_at_s)
-            self.mark("talker_admitted", timings.admitted_at_s)
+        if (timings := self._first_talker_timings()) is not None:
+            for stage, at_s in (("talker_received", timings.received_at_s), ("talker_admitted", timings.admitted_at_s)):
+                if at_s:  # 0: a talker that does not say
+                    self.mark(stage, at_s)
 
     def _first_talker_timings(self) -> common_pb2.Timings | None:
         """The talker's own timings of the first segment (TTFP's), unless this process took the run over."""
