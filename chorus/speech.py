@@ -5,9 +5,7 @@ the talker's decode step to yield, and neither fills the GPU while the other run
 runs on a CUDA stream of its own — the vocoder's at a higher priority, because its short decodes are what a
 listener waits for — and their kernels interleave. The process serves both gRPC services on one port (point the
 gateway's talker and vocoder targets at it); each reads its own settings (`CHORUS_TALKER_*`, `CHORUS_VOCODER_*`),
-and only the listening address, metrics port, drain time and logging come from `CHORUS_SPEECH_*`. A talker request
-that asks for `decode` gets its audio on its own stream, decoded by the vocoder here (`chorus.talker.local_decode`):
-one call a segment instead of two, with the gateway's `one_stream_speech`.
+and only the listening address, metrics port, drain time and logging come from `CHORUS_SPEECH_*`.
 """
 
 from __future__ import annotations
@@ -46,8 +44,8 @@ class SpeechService(Service):
             raise SystemExit(f"chorus serve speech: {exc}") from None
         self.config = config
         self.grpc_services = (*TalkerService.grpc_services, *VocoderService.grpc_services)
+        self.talker = TalkerService(talker_config, stream_priority=TALKER_STREAM_PRIORITY)
         self.vocoder = VocoderService(vocoder_config, stream_priority=VOCODER_STREAM_PRIORITY)
-        self.talker = TalkerService(talker_config, stream_priority=TALKER_STREAM_PRIORITY, local_vocoder=self.vocoder)
 
     def register(self, server: grpc.aio.Server) -> None:
         self.talker.register(server)

@@ -97,11 +97,6 @@ class GatewayConfig(ServiceConfig):
         300, "Long speech input is split at sentence boundaries into segments of about this many characters."
     )
     speech_concurrent_segments: int = option(2, "Segments of one speech request synthesised at once.")
-    one_stream_speech: bool = option(
-        False,
-        "The talker targets serve the vocoder too (`chorus serve speech`): each speech segment is one stream to a "
-        "talker replica, whose vocoder decodes its frames there, instead of a talker and a vocoder stream.",
-    )
     run_lease_s: float = option(
         2.0,
         "A gateway process renews the leases of its runs in Redis every quarter of this; a run whose lease ran "

@@ -161,9 +161,7 @@ def build_run(
         ctx.cancels,
         request_id,
         spec.segments,
-        lambda request, log: synthesize_segment(
-            ctx.backends, request, ctx.config.failover, log, None, text_deltas, ctx.config.one_stream_speech
-        ),
+        lambda request, log: synthesize_segment(ctx.backends, request, ctx.config.failover, log, None, text_deltas),
         spec.response_format,
         speed=spec.speed,
         max_concurrent_segments=ctx.config.speech_concurrent_segments,

@@ -124,21 +124,16 @@ class SegmentPipeline:
             self.frames.fail(exc)
             raise
 
-    def _talker_request(self) -> talker_pb2.SynthesisRequest:
-        """The request of the segment's next talker stream: on a fail-over, the new replica continues after the
-        frames made so far. Its stream gets an id of its own: the stream it replaces may still be open on that
-        replica (its gateway process froze)."""
+    async def _talker_stream(self, replica) -> None:
         request = self.request
         if self.is_retry:
+            # A fail-over: the new replica continues after the frames made so far. Its stream gets an id of its
+            # own: the stream it replaces may still be open on that replica (its gateway process froze).
             request = talker_pb2.SynthesisRequest()
             request.CopyFrom(self.request)
             request.request_id = f"{self.request.request_id}~{secrets.token_hex(3)}"
             request.prefix_frames.CopyFrom(self.frames.chunk(0))
         self.is_retry = True
-        return request
-
-    async def _talker_stream(self, replica) -> None:
-        request = self._talker_request()
         call = replica.stub.Synthesize(timeout=self._time_left(), metadata=self.metadata)
         writer = asyncio.create_task(self._write_text(call, request), name=f"text-{request.request_id}")
         try:
@@ -175,53 +170,6 @@ class SegmentPipeline:
             await call.write(talker_pb2.SynthesizeInput(end_of_input=True))
         await call.done_writing()
 
-    # ---- one stream: the talker's process decodes its frames (`one_stream_speech`) ----
-
-    async def pcm_from_talker(self) -> AsyncIterator[common_pb2.PcmChunk]:
-        """PCM of a talker stream that carries its audio too (`SynthesisRequest.decode`); on a replica's failure, a
-        stream on another one continues after the frames made so far, its vocoder primed with those delivered."""
-        failovers = Failovers("talker", self.request.request_id, self.source, self.policy)
-        while True:
-            replica = await self.source.acquire("talker", self.policy.replica_wait_s)
-            try:
-                async for pcm in self._decoding_talker_stream(replica):
-                    yield pcm
-                return
-            except ReplicaFailed as error:
-                failovers.record(replica, error)
-            finally:
-                self.source.release(replica)
-
-    async def _decoding_talker_stream(self, replica) -> AsyncIterator[common_pb2.PcmChunk]:
-        request = talker_pb2.SynthesisRequest()
-        request.CopyFrom(self._talker_request())
-        request.decode.format = common_pb2.SAMPLE_FORMAT_PCM_F32LE
-        request.decode.num_delivered_frames = self.num_delivered
-        call = replica.stub.Synthesize(timeout=self._time_left(), metadata=self.metadata)
-        writer = asyncio.create_task(self._write_text(call, request), name=f"text-{request.request_id}")
-        try:
-            while (output := await next_message(aiter(call), replica, self.policy)) is not None:
-                kind = output.WhichOneof("output")
-                if kind == "chunk":
-                    await self.frames.append(output.chunk)
-                elif kind == "pcm":
-                    self.num_delivered += _frames_of(output.pcm)
-                    yield output.pcm
-                else:
-                    check_final_for_failover(output.final, "talker")
-                    check_final(output.final, "talker")
-                    await writer
-                    first_stream = request.request_id == self.request.request_id  # as in `_talker_stream`
-                    await self.frames.finish(output.final.usage.timings if first_stream else None)
-                    await await_status(call)
-                    return
-            raise ReplicaFailed(f"talker {replica.target} ended the stream without a Final")
-        except grpc.aio.AioRpcError as exc:
-            _raise_for(exc, "talker")
-        finally:
-            call.cancel()
-            await cancel_and_drop(writer, "text writer")  # what ended the stream is raised
-
     # ---- vocoder side: PCM out, primed with the delivered frames after a failure ----
 
     async def pcm(self) -> AsyncIterator[common_pb2.PcmChunk]:
@@ -251,7 +199,8 @@ class SegmentPipeline:
                 if output is None:
                     raise ReplicaFailed(f"vocoder {replica.target} ended the stream without a Final")
                 if output.WhichOneof("output") == "pcm":
-                    yield output.pcm, _frames_of(output.pcm)
+                    num_samples = len(output.pcm.data) // (4 * max(1, output.pcm.num_channels))
+                    yield output.pcm, round(num_samples * CODEC_FRAME_RATE_HZ / output.pcm.sample_rate_hz)
                     continue
                 check_final_for_failover(output.final, "vocoder")
                 check_final(output.final, "vocoder")
@@ -285,12 +234,6 @@ class SegmentPipeline:
                 return
 
 
-def _frames_of(pcm: common_pb2.PcmChunk) -> int:
-    """Codec frames whose audio an f32 PCM chunk holds."""
-    num_samples = len(pcm.data) // (4 * max(1, pcm.num_channels))
-    return round(num_samples * CODEC_FRAME_RATE_HZ / pcm.sample_rate_hz)
-
-
 async def _write(call, message) -> None:
     """Writes to a vocoder stream; a stream the replica ended meanwhile is a replica failure."""
     try:
@@ -306,22 +249,14 @@ async def synthesize_segment(
     frames: FrameLog | None = None,
     timeout_s: float | None = None,
     text_deltas: AsyncIterator[str] | None = None,
-    one_stream: bool = False,
 ) -> AsyncIterator[common_pb2.PcmChunk]:
     """PCM chunks for `request.text`, as soon as the vocoder makes them, whichever replicas fail meanwhile.
 
     With `text_deltas` (and `request.streaming_text`), more text follows the request while audio already
     streams back: each delta goes to the talker as it arrives, then `end_of_input`. `frames`: the segment's
-    frames so far (a run taken over from another gateway process), else a new log. `one_stream`: the talker
-    replicas decode their frames themselves (`chorus serve speech`), one stream a segment; a segment whose
-    frames are all made already (taken over) is decoded by a vocoder stream still.
+    frames so far (a run taken over from another gateway process), else a new log.
     """
     pipeline = SegmentPipeline(source, request, policy, frames or FrameLog(), timeout_s, text_deltas)
-    if one_stream and not pipeline.frames.is_finished:
-        async with contextlib.aclosing(pipeline.pcm_from_talker()) as chunks:
-            async for pcm in chunks:
-                yield pcm
-        return
     talker = None
     if not pipeline.frames.is_finished:
         talker = asyncio.create_task(pipeline.run_talker(), name=f"talker-{request.request_id}")

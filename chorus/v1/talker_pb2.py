@@ -25,35 +25,33 @@ _sym_db = _symbol_database.Default()
 from chorus.v1 import common_pb2 as chorus_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63horus/v1/talker.proto\x12\tchorus.v1\x1a\x16\x63horus/v1/common.proto\"\x94\x03\n\x0eSamplingParams\x12\x0e\n\x06greedy\x18\x01 \x01(\x08\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\rH\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x02\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x02H\x03\x88\x01\x01\x12\x1d\n\x10subtalker_greedy\x18\x06 \x01(\x08H\x04\x88\x01\x01\x12\"\n\x15subtalker_temperature\x18\x07 \x01(\x02H\x05\x88\x01\x01\x12\x1c\n\x0fsubtalker_top_k\x18\x08 \x01(\rH\x06\x88\x01\x01\x12\x1c\n\x0fsubtalker_top_p\x18\t \x01(\x02H\x07\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_subtalker_greedyB\x18\n\x16_subtalker_temperatureB\x12\n\x10_subtalker_top_kB\x12\n\x10_subtalker_top_p\"\x9f\x01\n\nVoiceClone\x12\x19\n\x11speaker_embedding\x18\x01 \x03(\x02\x12\x17\n\x0freference_audio\x18\x02 \x01(\x0c\x12.\n\x0freference_codes\x18\x03 \x01(\x0b\x32\x15.chorus.v1.CodecChunk\x12\x16\n\x0ereference_text\x18\x04 \x01(\t\x12\x15\n\rx_vector_only\x18\x05 \x01(\x08\"\xb6\x03\n\x10SynthesisRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12&\n\ttask_type\x18\x03 \x01(\x0e\x32\x13.chorus.v1.TaskType\x12\x0f\n\x07speaker\x18\x04 \x01(\t\x12\x10\n\x08language\x18\x05 \x01(\t\x12\x14\n\x0cinstructions\x18\x06 \x01(\t\x12*\n\x0bvoice_clone\x18\x07 \x01(\x0b\x32\x15.chorus.v1.VoiceClone\x12+\n\x08sampling\x18\x08 \x01(\x0b\x32\x19.chorus.v1.SamplingParams\x12\x11\n\x04seed\x18\t \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_frames\x18\n \x01(\r\x12\x14\n\x0c\x63hunk_frames\x18\x0b \x01(\r\x12\x16\n\x0estreaming_text\x18\x0c \x01(\x08\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12,\n\rprefix_frames\x18\x0e \x01(\x0b\x32\x15.chorus.v1.CodecChunk\x12&\n\x06\x64\x65\x63ode\x18\x0f \x01(\x0b\x32\x16.chorus.v1.LocalDecodeB\x07\n\x05_seed\"T\n\x0bLocalDecode\x12\'\n\x06\x66ormat\x18\x01 \x01(\x0e\x32\x17.chorus.v1.SampleFormat\x12\x1c\n\x14num_delivered_frames\x18\x02 \x01(\r\"x\n\x0fSynthesizeInput\x12.\n\x07request\x18\x01 \x01(\x0b\x32\x1b.chorus.v1.SynthesisRequestH\x00\x12\x14\n\ntext_delta\x18\x02 \x01(\tH\x00\x12\x16\n\x0c\x65nd_of_input\x18\x03 \x01(\x08H\x00\x42\x07\n\x05input\"\x8b\x01\n\x10SynthesizeOutput\x12&\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x15.chorus.v1.CodecChunkH\x00\x12!\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x10.chorus.v1.FinalH\x00\x12\"\n\x03pcm\x18\x03 \x01(\x0b\x32\x13.chorus.v1.PcmChunkH\x00\x42\x08\n\x06output\"\x13\n\x11ListVoicesRequest\"q\n\x12ListVoicesResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\ntask_types\x18\x02 \x03(\x0e\x32\x13.chorus.v1.TaskType\x12\x10\n\x08speakers\x18\x03 \x03(\t\x12\x11\n\tlanguages\x18\x04 \x03(\t\"$\n\x13\x45mbedSpeakerRequest\x12\r\n\x05\x61udio\x18\x01 \x01(\x0c\"1\n\x14\x45mbedSpeakerResponse\x12\x19\n\x11speaker_embedding\x18\x01 \x03(\x02*x\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n\x16TASK_TYPE_CUSTOM_VOICE\x10\x01\x12\x1a\n\x16TASK_TYPE_VOICE_DESIGN\x10\x02\x12\x19\n\x15TASK_TYPE_VOICE_CLONE\x10\x03\x32\xac\x02\n\x06Talker\x12I\n\nSynthesize\x12\x1a.chorus.v1.SynthesizeInput\x1a\x1b.chorus.v1.SynthesizeOutput(\x01\x30\x01\x12;\n\x07GetLoad\x12\x19.chorus.v1.GetLoadRequest\x1a\x15.chorus.v1.LoadReport\x12I\n\nListVoices\x12\x1c.chorus.v1.ListVoicesRequest\x1a\x1d.chorus.v1.ListVoicesResponse\x12O\n\x0c\x45mbedSpeaker\x12\x1e.chorus.v1.EmbedSpeakerRequest\x1a\x1f.chorus.v1.EmbedSpeakerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63horus/v1/talker.proto\x12\tchorus.v1\x1a\x16\x63horus/v1/common.proto\"\x94\x03\n\x0eSamplingParams\x12\x0e\n\x06greedy\x18\x01 \x01(\x08\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\rH\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x02\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x02H\x03\x88\x01\x01\x12\x1d\n\x10subtalker_greedy\x18\x06 \x01(\x08H\x04\x88\x01\x01\x12\"\n\x15subtalker_temperature\x18\x07 \x01(\x02H\x05\x88\x01\x01\x12\x1c\n\x0fsubtalker_top_k\x18\x08 \x01(\rH\x06\x88\x01\x01\x12\x1c\n\x0fsubtalker_top_p\x18\t \x01(\x02H\x07\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_subtalker_greedyB\x18\n\x16_subtalker_temperatureB\x12\n\x10_subtalker_top_kB\x12\n\x10_subtalker_top_p\"\x9f\x01\n\nVoiceClone\x12\x19\n\x11speaker_embedding\x18\x01 \x03(\x02\x12\x17\n\x0freference_audio\x18\x02 \x01(\x0c\x12.\n\x0freference_codes\x18\x03 \x01(\x0b\x32\x15.chorus.v1.CodecChunk\x12\x16\n\x0ereference_text\x18\x04 \x01(\t\x12\x15\n\rx_vector_only\x18\x05 \x01(\x08\"\x8e\x03\n\x10SynthesisRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12&\n\ttask_type\x18\x03 \x01(\x0e\x32\x13.chorus.v1.TaskType\x12\x0f\n\x07speaker\x18\x04 \x01(\t\x12\x10\n\x08language\x18\x05 \x01(\t\x12\x14\n\x0cinstructions\x18\x06 \x01(\t\x12*\n\x0bvoice_clone\x18\x07 \x01(\x0b\x32\x15.chorus.v1.VoiceClone\x12+\n\x08sampling\x18\x08 \x01(\x0b\x32\x19.chorus.v1.SamplingParams\x12\x11\n\x04seed\x18\t \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_frames\x18\n \x01(\r\x12\x14\n\x0c\x63hunk_frames\x18\x0b \x01(\r\x12\x16\n\x0estreaming_text\x18\x0c \x01(\x08\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12,\n\rprefix_frames\x18\x0e \x01(\x0b\x32\x15.chorus.v1.CodecChunkB\x07\n\x05_seed\"x\n\x0fSynthesizeInput\x12.\n\x07request\x18\x01 \x01(\x0b\x32\x1b.chorus.v1.SynthesisRequestH\x00\x12\x14\n\ntext_delta\x18\x02 \x01(\tH\x00\x12\x16\n\x0c\x65nd_of_input\x18\x03 \x01(\x08H\x00\x42\x07\n\x05input\"g\n\x10SynthesizeOutput\x12&\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x15.chorus.v1.CodecChunkH\x00\x12!\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x10.chorus.v1.FinalH\x00\x42\x08\n\x06output\"\x13\n\x11ListVoicesRequest\"q\n\x12ListVoicesResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\ntask_types\x18\x02 \x03(\x0e\x32\x13.chorus.v1.TaskType\x12\x10\n\x08speakers\x18\x03 \x03(\t\x12\x11\n\tlanguages\x18\x04 \x03(\t\"$\n\x13\x45mbedSpeakerRequest\x12\r\n\x05\x61udio\x18\x01 \x01(\x0c\"1\n\x14\x45mbedSpeakerResponse\x12\x19\n\x11speaker_embedding\x18\x01 \x03(\x02*x\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n\x16TASK_TYPE_CUSTOM_VOICE\x10\x01\x12\x1a\n\x16TASK_TYPE_VOICE_DESIGN\x10\x02\x12\x19\n\x15TASK_TYPE_VOICE_CLONE\x10\x03\x32\xac\x02\n\x06Talker\x12I\n\nSynthesize\x12\x1a.chorus.v1.SynthesizeInput\x1a\x1b.chorus.v1.SynthesizeOutput(\x01\x30\x01\x12;\n\x07GetLoad\x12\x19.chorus.v1.GetLoadRequest\x1a\x15.chorus.v1.LoadReport\x12I\n\nListVoices\x12\x1c.chorus.v1.ListVoicesRequest\x1a\x1d.chorus.v1.ListVoicesResponse\x12O\n\x0c\x45mbedSpeaker\x12\x1e.chorus.v1.EmbedSpeakerRequest\x1a\x1f.chorus.v1.EmbedSpeakerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'chorus.v1.talker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TASKTYPE']._serialized_start=1646
-  _globals['_TASKTYPE']._serialized_end=1766
+  _globals['_TASKTYPE']._serialized_start=1483
+  _globals['_TASKTYPE']._serialized_end=1603
   _globals['_SAMPLINGPARAMS']._serialized_start=62
   _globals['_SAMPLINGPARAMS']._serialized_end=466
   _globals['_VOICECLONE']._serialized_start=469
   _globals['_VOICECLONE']._serialized_end=628
   _globals['_SYNTHESISREQUEST']._serialized_start=631
-  _globals['_SYNTHESISREQUEST']._serialized_end=1069
-  _globals['_LOCALDECODE']._serialized_start=1071
-  _globals['_LOCALDECODE']._serialized_end=1155
-  _globals['_SYNTHESIZEINPUT']._serialized_start=1157
-  _globals['_SYNTHESIZEINPUT']._serialized_end=1277
-  _globals['_SYNTHESIZEOUTPUT']._serialized_start=1280
-  _globals['_SYNTHESIZEOUTPUT']._serialized_end=1419
-  _globals['_LISTVOICESREQUEST']._serialized_start=1421
-  _globals['_LISTVOICESREQUEST']._serialized_end=1440
-  _globals['_LISTVOICESRESPONSE']._serialized_start=1442
-  _globals['_LISTVOICESRESPONSE']._serialized_end=1555
-  _globals['_EMBEDSPEAKERREQUEST']._serialized_start=1557
-  _globals['_EMBEDSPEAKERREQUEST']._serialized_end=1593
-  _globals['_EMBEDSPEAKERRESPONSE']._serialized_start=1595
-  _globals['_EMBEDSPEAKERRESPONSE']._serialized_end=1644
-  _globals['_TALKER']._serialized_start=1769
-  _globals['_TALKER']._serialized_end=2069
+  _globals['_SYNTHESISREQUEST']._serialized_end=1029
+  _globals['_SYNTHESIZEINPUT']._serialized_start=1031
+  _globals['_SYNTHESIZEINPUT']._serialized_end=1151
+  _globals['_SYNTHESIZEOUTPUT']._serialized_start=1153
+  _globals['_SYNTHESIZEOUTPUT']._serialized_end=1256
+  _globals['_LISTVOICESREQUEST']._serialized_start=1258
+  _globals['_LISTVOICESREQUEST']._serialized_end=1277
+  _globals['_LISTVOICESRESPONSE']._serialized_start=1279
+  _globals['_LISTVOICESRESPONSE']._serialized_end=1392
+  _globals['_EMBEDSPEAKERREQUEST']._serialized_start=1394
+  _globals['_EMBEDSPEAKERREQUEST']._serialized_end=1430
+  _globals['_EMBEDSPEAKERRESPONSE']._serialized_start=1432
+  _globals['_EMBEDSPEAKERRESPONSE']._serialized_end=1481
+  _globals['_TALKER']._serialized_start=1606
+  _globals['_TALKER']._serialized_end=1906
 # @@protoc_insertion_point(module_scope)

@@ -56,7 +56,7 @@ class VoiceClone(_message.Message):
     def __init__(self, speaker_embedding: _Optional[_Iterable[float]] = ..., reference_audio: _Optional[bytes] = ..., reference_codes: _Optional[_Union[_common_pb2.CodecChunk, _Mapping]] = ..., reference_text: _Optional[str] = ..., x_vector_only: bool = ...) -> None: ...
 
 class SynthesisRequest(_message.Message):
-    __slots__ = ("request_id", "text", "task_type", "speaker", "language", "instructions", "voice_clone", "sampling", "seed", "max_frames", "chunk_frames", "streaming_text", "ignore_eos", "prefix_frames", "decode")
+    __slots__ = ("request_id", "text", "task_type", "speaker", "language", "instructions", "voice_clone", "sampling", "seed", "max_frames", "chunk_frames", "streaming_text", "ignore_eos", "prefix_frames")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -71,7 +71,6 @@ class SynthesisRequest(_message.Message):
     STREAMING_TEXT_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FRAMES_FIELD_NUMBER: _ClassVar[int]
-    DECODE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     task_type: TaskType
@@ -86,16 +85,7 @@ class SynthesisRequest(_message.Message):
     streaming_text: bool
     ignore_eos: bool
     prefix_frames: _common_pb2.CodecChunk
-    decode: LocalDecode
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., task_type: _Optional[_Union[TaskType, str]] = ..., speaker: _Optional[str] = ..., language: _Optional[str] = ..., instructions: _Optional[str] = ..., voice_clone: _Optional[_Union[VoiceClone, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., max_frames: _Optional[int] = ..., chunk_frames: _Optional[int] = ..., streaming_text: bool = ..., ignore_eos: bool = ..., prefix_frames: _Optional[_Union[_common_pb2.CodecChunk, _Mapping]] = ..., decode: _Optional[_Union[LocalDecode, _Mapping]] = ...) -> None: ...
-
-class LocalDecode(_message.Message):
-    __slots__ = ("format", "num_delivered_frames")
-    FORMAT_FIELD_NUMBER: _ClassVar[int]
-    NUM_DELIVERED_FRAMES_FIELD_NUMBER: _ClassVar[int]
-    format: _common_pb2.SampleFormat
-    num_delivered_frames: int
-    def __init__(self, format: _Optional[_Union[_common_pb2.SampleFormat, str]] = ..., num_delivered_frames: _Optional[int] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., task_type: _Optional[_Union[TaskType, str]] = ..., speaker: _Optional[str] = ..., language: _Optional[str] = ..., instructions: _Optional[str] = ..., voice_clone: _Optional[_Union[VoiceClone, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., max_frames: _Optional[int] = ..., chunk_frames: _Optional[int] = ..., streaming_text: bool = ..., ignore_eos: bool = ..., prefix_frames: _Optional[_Union[_common_pb2.CodecChunk, _Mapping]] = ...) -> None: ...
 
 class SynthesizeInput(_message.Message):
     __slots__ = ("request", "text_delta", "end_of_input")
@@ -108,14 +98,12 @@ class SynthesizeInput(_message.Message):
     def __init__(self, request: _Optional[_Union[SynthesisRequest, _Mapping]] = ..., text_delta: _Optional[str] = ..., end_of_input: bool = ...) -> None: ...
 
 class SynthesizeOutput(_message.Message):
-    __slots__ = ("chunk", "final", "pcm")
+    __slots__ = ("chunk", "final")
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
-    PCM_FIELD_NUMBER: _ClassVar[int]
     chunk: _common_pb2.CodecChunk
     final: _common_pb2.Final
-    pcm: _common_pb2.PcmChunk
-    def __init__(self, chunk: _Optional[_Union[_common_pb2.CodecChunk, _Mapping]] = ..., final: _Optional[_Union[_common_pb2.Final, _Mapping]] = ..., pcm: _Optional[_Union[_common_pb2.PcmChunk, _Mapping]] = ...) -> None: ...
+    def __init__(self, chunk: _Optional[_Union[_common_pb2.CodecChunk, _Mapping]] = ..., final: _Optional[_Union[_common_pb2.Final, _Mapping]] = ...) -> None: ...
 
 class ListVoicesRequest(_message.Message):
     __slots__ = ()

@@ -63,8 +63,7 @@ class TalkerServicer(object):
     def Synthesize(self, request_iterator, context):
         """Bidirectional: the first client message is a SynthesisRequest; further messages may carry
         text deltas (streaming-text input) and must end with end_of_input when text is streamed.
-        The server sends CodecChunks (the first after the first frame), their PcmChunks when the request asks for
-        `decode`, and exactly one Final.
+        The server sends CodecChunks (the first after the first frame) and exactly one Final.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

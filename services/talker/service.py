@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -23,7 +21,6 @@ from chorus.talker.engine.engine import EngineConfig, EngineFullError, TalkerEng
 from chorus.talker.engine.request import FinishReason
 from chorus.talker.engine.stream import FrameStream
 from chorus.talker.loader import build_talker, resolve_device_dtype
-from chorus.talker.local_decode import with_audio
 from chorus.talker.prompt import VoiceRequest
 from chorus.talker.sampling import SamplingParams
 from chorus.talker.speaker_cache import SpeakerVectorCache
@@ -150,17 +147,24 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
         request = first.request
         request.request_id = request.request_id or request_id_var.get()
         request_id_var.set(request.request_id)
+        chunk_frames = request.chunk_frames or self.service.config.chunk_frames
         stream, pending_vector = self._submit(engine, request)
         feeder = asyncio.create_task(self._feed_text(engine, request, messages))
         try:
-            chunks = self._chunks(stream, request.chunk_frames or self.service.config.chunk_frames, pending_vector)
-            if request.HasField("decode"):
-                outputs = with_audio(chunks, self.service.local_vocoder, request)
-            else:
-                outputs = (talker_pb2.SynthesizeOutput(chunk=chunk) async for chunk in chunks)
-            async with contextlib.aclosing(outputs):
-                async for output in outputs:
-                    yield output
+            # A resumed request's frame offsets go on from its prefix; sequence numbers count this stream's chunks.
+            sequence, frame_offset = 0, stream.first_frame_index
+            while (frames := await stream.read(*[chunk_size(sequence, chunk_frames)] * 2)) is not None:
+                if pending_vector is not None:  # a frame exists: the engine has embedded the reference
+                    pending_vector.store(self.service.speaker_vectors)
+                    pending_vector = None
+                if sequence == 0:
+                    metrics.QUEUE_SECONDS.observe(stream.scheduled_at - stream.admitted_at)
+                    metrics.FIRST_FRAME_SECONDS.observe(stream.first_frame_at - stream.admitted_at)
+                    if stream.steps_to_first_frame is not None:
+                        metrics.STEPS_TO_FIRST_FRAME.observe(stream.steps_to_first_frame)
+                yield talker_pb2.SynthesizeOutput(chunk=codes_to_chunk(frames, sequence, frame_offset))
+                sequence += 1
+                frame_offset += len(frames)
             if feeder.done() and not feeder.cancelled() and feeder.exception() is not None:
                 raise feeder.exception()
         finally:
@@ -168,24 +172,6 @@ class TalkerServicer(talker_pb2_grpc.TalkerServicer):
                 engine.abort(request.request_id)  # client gone, deadline passed or bad input: free the slot
             await cancel_and_join(feeder, "text feeder")
         yield talker_pb2.SynthesizeOutput(final=self._final(stream, received_at_s))
-
-    async def _chunks(
-        self, stream: FrameStream, chunk_frames: int, pending_vector: _PendingSpeakerVector | None
-    ) -> AsyncIterator[common_pb2.CodecChunk]:
-        # A resumed request's frame offsets go on from its prefix; sequence numbers count this stream's chunks.
-        sequence, frame_offset = 0, stream.first_frame_index
-        while (frames := await stream.read(*[chunk_size(sequence, chunk_frames)] * 2)) is not None:
-            if pending_vector is not None:  # a frame exists: the engine has embedded the reference
-                pending_vector.store(self.service.speaker_vectors)
-                pending_vector = None
-            if sequence == 0:
-                metrics.QUEUE_SECONDS.observe(stream.scheduled_at - stream.admitted_at)
-                metrics.FIRST_FRAME_SECONDS.observe(stream.first_frame_at - stream.admitted_at)
-                if stream.steps_to_first_frame is not None:
-                    metrics.STEPS_TO_FIRST_FRAME.observe(stream.steps_to_first_frame)
-            yield codes_to_chunk(frames, sequence, frame_offset)
-            sequence += 1
-            frame_offset += len(frames)
 
     async def _feed_text(self, engine: TalkerEngine, request: talker_pb2.SynthesisRequest, messages) -> None:
         """Streaming text input: deltas go to the engine until end_of_input (or the client half-closes)."""
@@ -257,13 +243,11 @@ class TalkerService(Service):
     name = "talker"
     grpc_services = ("chorus.v1.Talker",)
 
-    def __init__(self, config: TalkerConfig, stream_priority: int | None = None, local_vocoder=None) -> None:
-        """`stream_priority`: run the engine on a CUDA stream of its own; `local_vocoder`: the VocoderService of the
-        same process, which decodes the frames of requests that ask for `decode` (when sharing a process, see
+    def __init__(self, config: TalkerConfig, stream_priority: int | None = None) -> None:
+        """`stream_priority`: run the engine on a CUDA stream of its own (when sharing a process, see
         `chorus.speech`)."""
         self.config = config
         self.stream_priority = stream_priority
-        self.local_vocoder = local_vocoder
         self.engine: TalkerEngine | None = None
         self.speaker_vectors = SpeakerVectorCache()
         self._collector = None

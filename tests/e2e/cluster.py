@@ -31,7 +31,6 @@ from chorus.services import SERVICES
 from chorus.stack import gateway_ready
 
 BACKENDS = ("talker", "vocoder", "diffusion")
-SPEECH = "speech"  # `chorus serve speech`: a talker and a vocoder replica in one process
 
 
 @dataclasses.dataclass
@@ -50,10 +49,9 @@ class Cluster:
         self.redis_url = redis_url
         self.log_dir = log_dir
         self.env = env
-        kinds = (*BACKENDS, SPEECH)
-        ports = iter(free_ports(sum(replicas.get(kind, 0) for kind in kinds) + 2 * gateways))  # distinct
+        ports = iter(free_ports(sum(replicas[kind] for kind in BACKENDS) + 2 * gateways))  # distinct
         self.members: list[Member] = [
-            Member(f"{kind}-{index}", kind, next(ports)) for kind in kinds for index in range(replicas.get(kind, 0))
+            Member(f"{kind}-{index}", kind, next(ports)) for kind in BACKENDS for index in range(replicas[kind])
         ]
         self.members += [Member(f"gateway-{i}", "gateway", next(ports), next(ports)) for i in range(gateways)]
         self._supervising = False
@@ -74,8 +72,7 @@ class Cluster:
             env[prefix + "REST_PORT"] = str(member.rest_port)
             env[prefix + "REDIS_URL"] = self.redis_url
             for kind in BACKENDS:
-                serving = self.of(kind) + (self.of(SPEECH) if kind in ("talker", "vocoder") else [])
-                env[f"{prefix}{kind.upper()}_TARGETS"] = ",".join(f"127.0.0.1:{m.port}" for m in serving)
+                env[f"{prefix}{kind.upper()}_TARGETS"] = ",".join(f"127.0.0.1:{m.port}" for m in self.of(kind))
         return env
 
     def _spawn(self, member: Member) -> None:

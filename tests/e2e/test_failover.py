@@ -1,8 +1,6 @@
 """Mid-stream fail-over on the real tiny talker and vocoder (CPU fp32): the process serving a segment is
 SIGKILLed mid-stream, and the segment goes on on the other replica with the audio of an undisturbed run,
-within 1e-5 (one stream: no batching differences). Also for speech processes (`chorus serve speech`) serving a
-segment as one stream (`one_stream_speech`): the new one's vocoder is primed with the frames whose audio was
-delivered."""
+within 1e-5 (one stream: no batching differences)."""
 
 from __future__ import annotations
 
@@ -41,28 +39,19 @@ def request(request_id: str) -> talker_pb2.SynthesisRequest:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def speech_cluster(redis_url, tmp_path_factory):
-    cluster = Cluster(redis_url, tmp_path_factory.mktemp("failover-speech"), {"speech": 2}, 0, {})
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.close()
-
-
-async def audio(pool: BackendPool, request_id: str, on_chunk=None, one_stream: bool = False) -> np.ndarray:
+async def audio(pool: BackendPool, request_id: str, on_chunk=None) -> np.ndarray:
     policy = FailoverPolicy(replica_wait_s=5.0)
     pieces = []
-    async for pcm in synthesize_segment(pool, request(request_id), policy, one_stream=one_stream):
+    async for pcm in synthesize_segment(pool, request(request_id), policy):
         pieces.append(chunk_to_pcm(pcm).reshape(-1))
         if on_chunk is not None:
             await on_chunk(len(pieces))
     return np.concatenate(pieces)
 
 
-async def kill_mid_stream(cluster: Cluster, targets: dict, kind: str, one_stream: bool = False):
-    """(undisturbed audio, audio of a run whose `kind` replica was SIGKILLed after its third chunk, the killed)."""
+@pytest.mark.parametrize("kind", ["talker", "vocoder"])
+async def test_a_replica_killed_mid_stream_changes_nothing_in_the_audio(cluster, kind):
+    targets = {k: tuple(f"127.0.0.1:{m.port}" for m in cluster.of(k)) for k in ("talker", "vocoder")}
     pool = BackendPool(targets, interval_s=0.1)
     pool.start()
     try:
@@ -70,7 +59,7 @@ async def kill_mid_stream(cluster: Cluster, targets: dict, kind: str, one_stream
             if all(r.is_healthy for found in pool.replicas.values() for r in found):
                 break
             await asyncio.sleep(0.1)
-        undisturbed = await audio(pool, f"undisturbed-{kind}", one_stream=one_stream)
+        undisturbed = await audio(pool, f"undisturbed-{kind}")
         killed = []
 
         async def kill_serving_replica(num_chunks: int) -> None:
@@ -78,28 +67,13 @@ async def kill_mid_stream(cluster: Cluster, targets: dict, kind: str, one_stream
                 return
             serving = [r.target for r in pool.replicas[kind] if r.num_active]
             assert len(serving) == 1
-            member = next(m for m in cluster.members if serving[0].endswith(f":{m.port}"))
+            member = next(m for m in cluster.of(kind) if serving[0].endswith(f":{m.port}"))
             await asyncio.to_thread(cluster.kill, member)
             killed.append(member.name)
 
-        disturbed = await audio(pool, f"disturbed-{kind}", kill_serving_replica, one_stream)
+        disturbed = await audio(pool, f"disturbed-{kind}", kill_serving_replica)
     finally:
         await pool.close()
-    return undisturbed, disturbed, killed
-
-
-@pytest.mark.parametrize("kind", ["talker", "vocoder"])
-async def test_a_replica_killed_mid_stream_changes_nothing_in_the_audio(cluster, kind):
-    targets = {k: tuple(f"127.0.0.1:{m.port}" for m in cluster.of(k)) for k in ("talker", "vocoder")}
-    undisturbed, disturbed, killed = await kill_mid_stream(cluster, targets, kind)
     assert killed, "the replica was not killed mid-stream"
-    assert disturbed.shape == undisturbed.shape == (NUM_FRAMES * SAMPLES_PER_FRAME,)
-    assert np.abs(disturbed - undisturbed).max() <= 1e-5
-
-
-async def test_a_speech_process_killed_mid_stream_changes_nothing_in_the_one_stream_audio(speech_cluster):
-    targets = {"talker": tuple(f"127.0.0.1:{m.port}" for m in speech_cluster.of("speech"))}  # no vocoder streams
-    undisturbed, disturbed, killed = await kill_mid_stream(speech_cluster, targets, "talker", one_stream=True)
-    assert killed, "the speech process was not killed mid-stream"
     assert disturbed.shape == undisturbed.shape == (NUM_FRAMES * SAMPLES_PER_FRAME,)
     assert np.abs(disturbed - undisturbed).max() <= 1e-5
