@@ -17,7 +17,9 @@ were alike (last 718–985 against 759–964 ms): there the box's two cores, not
 host (16 cores), though, four servers on the speech port did not shorten the speech stack's tail at 256 streams: in
 three alternating rounds of two stacks on one H200 the slowest 5 % spent 298–732 ms on their way into the talker
 engine with four servers, 158–456 ms with one, and `grpc_servers` was taken out again (docs/performance-log.md,
-2026-11-29, thirty-third session).
+2026-11-29, thirty-third session). Nor did half the streams: with one stream a request (the talker's process decoding
+its frames itself, 8420864, reverted) the slowest 5 % waited 71–595 ms for the talker's handler against 132–512 ms
+with two, in five alternating rounds (thirty-fourth session).
 """
 
 from __future__ import annotations

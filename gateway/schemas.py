@@ -211,8 +211,8 @@ class RequestView(BaseModel):
         "dispatched_ms (stream to a diffusion replica opened), first_step_ms (its first progress), engine_done_ms "
         "(its Final), encoded_ms, journaled_ms, or speech's first_frame_ms, first_pcm_ms, first_audio_ms (its first "
         "codec frames, PCM and journaled bytes) and, for its next three pieces of audio, frames_N_ms, pcm_N_ms and "
-        "journaled_N_ms (N = 1, 2, 3), talker_received_ms and talker_admitted_ms (when the talker took the call in and "
-        "admitted it, on the talker's clock), and "
+        "journaled_N_ms (N = 1, 2, 3), talker_called_ms (when the gateway opened the talker call), talker_received_ms "
+        "and talker_admitted_ms (when the talker took the call in and admitted it, on the talker's clock), and "
         "finished_ms. The service's own timings are in usage.timings "
         "(queue_ms, first_output_ms, total_ms, from its admission there; speech: the talker's, for the first "
         "segment).",

@@ -134,6 +134,8 @@ class SegmentPipeline:
             request.request_id = f"{self.request.request_id}~{secrets.token_hex(3)}"
             request.prefix_frames.CopyFrom(self.frames.chunk(0))
         self.is_retry = True
+        if self.frames.talker_called_at is None:
+            self.frames.talker_called_at = time.time()
         call = replica.stub.Synthesize(timeout=self._time_left(), metadata=self.metadata)
         writer = asyncio.create_task(self._write_text(call, request), name=f"text-{request.request_id}")
         try:

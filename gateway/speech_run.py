@@ -9,7 +9,8 @@ record when its first audio's frames came from the talker (first_frame), its PCM
 and its first bytes were journaled for readers (first_audio); and for its next few pieces, when each one's frames
 and PCM came and when it was journaled (frames_1, pcm_1, journaled_1, …); at its end, when the talker's last frames
 came (last_frame), then its Final (talker_done), and the vocoder's last PCM (last_pcm); and, from the first segment's
-talker Final, when the talker took the call in (talker_received) and admitted it (talker_admitted), on its clock.
+talker Final, when the talker took the call in (talker_received) and admitted it (talker_admitted), on its clock,
+after this process had opened the call (talker_called).
 """
 
 from __future__ import annotations
@@ -140,7 +141,12 @@ class SpeechRun(JournaledRun):
             self.mark("talker_done", log.finished_at)
         self.mark("last_pcm")
         if (timings := self._first_talker_timings()) is not None:
-            for stage, at_s in (("talker_received", timings.received_at_s), ("talker_admitted", timings.admitted_at_s)):
+            stamps = (
+                ("talker_called", self.frame_logs[0].talker_called_at),
+                ("talker_received", timings.received_at_s),
+                ("talker_admitted", timings.admitted_at_s),
+            )
+            for stage, at_s in stamps:
                 if at_s:  # 0: a talker that does not say
                     self.mark(stage, at_s)
 

@@ -12,8 +12,10 @@ admission and start, and the client's TTFP, they split each sampled request's TT
   client          the rest of the client's TTFP: sending the request, the bytes after the journal
 Where the record has the talker's own timings (`usage.timings` of its first segment's stream, and the
 `talker_received` and `talker_admitted` marks, on the talker's clock: exact where the gateway and the talker share a
-host, as in the bench), `talker` is split further into (TALKER_STAGES, which add up to it):
-  talker_accept       the call's way to the talker's handler (the gateway's call, gRPC, the talker's intake of it)
+host, as in the bench) and the gateway's `talker_called`, `talker` is split further into (TALKER_STAGES, which add
+up to it):
+  talker_call         the gateway's way to opening the talker call (the run's segments, its tasks, its event loop)
+  talker_accept       → the talker's handler (gRPC, the talker's intake of new calls)
   talker_submit       → admitted to the talker engine (its first message read, its prompt built)
   talker_queue        its wait in the engine for its prefill
   talker_first_frame  → its first frame made (the prefill, the decode steps to the first frame)
@@ -46,8 +48,8 @@ from chorus.bench.metrics import RequestTiming, underruns
 
 SAMPLE = 32  # requests read per level, spread over it
 STAGES = ("admission", "start", "talker", "vocoder", "encode_journal", "client")
-TALKER_STAGES = ("talker_accept", "talker_submit", "talker_queue", "talker_first_frame", "talker_out")
-_TALKER_MARKS = ("talker_received_ms", "talker_admitted_ms")
+TALKER_STAGES = ("talker_call", "talker_accept", "talker_submit", "talker_queue", "talker_first_frame", "talker_out")
+_TALKER_MARKS = ("talker_called_ms", "talker_received_ms", "talker_admitted_ms")
 _MARKS = ("started_ms", "first_frame_ms", "first_pcm_ms", "first_audio_ms")
 LATENCY_STAGES = ("first_frame", "frames", "talker_final", "vocoder", "finish", "client")
 _END_MARKS = ("first_frame_ms", "last_frame_ms", "talker_done_ms", "last_pcm_ms", "finished_ms")
@@ -75,9 +77,10 @@ def ttfp_stages(
     split = {stage: part for stage, part in zip(STAGES, parts, strict=True) if part is not None}
     if talker_timings and all(mark in timeline_ms for mark in _TALKER_MARKS):
         queue_ms, first_output_ms = talker_timings["queue_ms"], talker_timings["first_output_ms"]
-        received, admitted = (timeline_ms[mark] - started for mark in _TALKER_MARKS)
+        called, received, admitted = (timeline_ms[mark] - started for mark in _TALKER_MARKS)
         talker_parts = (
-            received,
+            called,
+            received - called,
             admitted - received,
             queue_ms,
             first_output_ms - queue_ms,

@@ -33,16 +33,16 @@ def test_the_stages_add_up_to_the_clients_ttfp():
 
 
 def test_the_talkers_own_timings_split_its_stage():
-    timeline = {"arrived_ms": -2.5, "admitted_ms": 0.0, "started_ms": 1.5, "talker_received_ms": 2.1,
-                "talker_admitted_ms": 2.5, "first_frame_ms": 12.0, "first_pcm_ms": 17.5,
+    timeline = {"arrived_ms": -2.5, "admitted_ms": 0.0, "started_ms": 1.5, "talker_called_ms": 1.8,
+                "talker_received_ms": 2.1, "talker_admitted_ms": 2.5, "first_frame_ms": 12.0, "first_pcm_ms": 17.5,
                 "first_audio_ms": 19.0}  # fmt: skip
     timings = {"queue_ms": 2.0, "first_output_ms": 7.5, "total_ms": 900.0}
     split = ttfp_stages(23.0, timeline, timings)
     assert list(split) == list(STAGES + TALKER_STAGES)
-    assert [split[stage] for stage in TALKER_STAGES] == pytest.approx([0.6, 0.4, 2.0, 5.5, 2.0])
+    assert [split[stage] for stage in TALKER_STAGES] == pytest.approx([0.3, 0.3, 0.4, 2.0, 5.5, 2.0])
     assert sum(split[stage] for stage in TALKER_STAGES) == pytest.approx(split["talker"])
     assert sum(split[stage] for stage in STAGES) == pytest.approx(23.0)
-    for mark in ("talker_received_ms", "talker_admitted_ms"):  # a talker that does not say either: no split
+    for mark in ("talker_called_ms", "talker_received_ms", "talker_admitted_ms"):  # one missing: no split
         assert list(ttfp_stages(23.0, {k: v for k, v in timeline.items() if k != mark}, timings)) == list(STAGES)
 
 

@@ -62,10 +62,10 @@ async def test_speech_wav_and_pcm_carry_the_same_samples(stack):
     # The talker's own timings of the segment, from its admission there: its queue, first frame, Final in order.
     timings = record["usage"]["timings"]
     assert 0 <= timings["queue_ms"] <= timings["first_output_ms"] <= timings["total_ms"], timings
-    # When the talker took the call in and admitted it, on its clock (this host's): in that order, after the run
-    # started, before the first frames came.
+    # When the gateway opened the talker call, the talker took it in and admitted it, on its clock (this host's): in
+    # that order, after the run started, before the first frames came.
     timeline = record["timeline"]
-    marks = ("started_ms", "talker_received_ms", "talker_admitted_ms", "first_frame_ms")
+    marks = ("started_ms", "talker_called_ms", "talker_received_ms", "talker_admitted_ms", "first_frame_ms")
     assert [timeline[mark] for mark in marks] == sorted(timeline[mark] for mark in marks), timeline
     assert list(timeline.values()) == sorted(timeline.values()), "the stages in time order"
 
