@@ -42,7 +42,7 @@ class FrameLog:
         self.last_frames_at: float | None = None  # when the latest frames came here (time.time())
         self.finished_at: float | None = None  # when the talker's Final came
         self.talker_timings: common_pb2.Timings | None = None  # its Final's
-        self.talker_called_at: float | None = None  # when this process opened the segment's first talker call
+        self.talker_called_at: float | None = None  # this process opened the first talker call (time.time())
         self._changed = asyncio.Event()
 
     @property
