@@ -147,7 +147,7 @@ class SpeechRun(JournaledRun):
                 ("talker_admitted", timings.admitted_at_s),
             )
             for stage, at_s in stamps:
-                if at_s:  # 0: a talker that does not say
+                if at_s:  # 0 or None: not stamped (a talker that does not say)
                     self.mark(stage, at_s)
 
     def _first_talker_timings(self) -> common_pb2.Timings | None:
